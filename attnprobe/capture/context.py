@@ -1,0 +1,139 @@
+"""``capture()``: the one context manager through which attention is read or edited."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attnprobe.capture import hf, hooks
+from attnprobe.capture.info import model_info
+from attnprobe.capture.recorder import EditFn, Recorder
+from attnprobe.capture.sites import Site
+from attnprobe.heads.reducers import Reducer, Tally
+from attnprobe.types import AttentionMap
+
+
+@dataclass
+class Capture:
+    """What a capture context produced; filled in when the context exits cleanly.
+
+    Attributes:
+        maps: one :class:`AttentionMap` per example (and per attention stack), padding
+            stripped; empty when ``keep=False``.
+        tally: mergeable sums of the streaming reducers.
+        sites: the attention sites that were captured.
+        edits: per edited site, the largest change the edit made to the pattern.
+    """
+
+    maps: list[AttentionMap] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
+    sites: list[Site] = field(default_factory=list)
+    edits: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def stats(self) -> pd.DataFrame:
+        """Tidy reducer results (``attnprobe.heads.reducers.STAT_COLUMNS``)."""
+        return self.tally.to_frame()
+
+
+def _tensor_arg(args: tuple, kwargs: dict, name: str, position: int | None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if position is not None and len(args) > position and isinstance(args[position], torch.Tensor):
+        return args[position]
+    return None
+
+
+def _record_inputs(recorder: Recorder) -> Callable[..., None]:
+    """Root pre-hook: note token ids and padding of every forward call."""
+
+    def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = _tensor_arg(args, kwargs, "input_ids", 0)
+        mask = _tensor_arg(args, kwargs, "attention_mask", 1)
+        if not (isinstance(mask, torch.Tensor) and mask.ndim == 2
+                and (not isinstance(ids, torch.Tensor) or mask.shape == ids.shape)):
+            mask = None
+        dec_ids = kwargs.get("decoder_input_ids")
+        dec_mask = kwargs.get("decoder_attention_mask")
+
+        def two_d(t: Any) -> torch.Tensor | None:
+            return t.detach().cpu() if isinstance(t, torch.Tensor) and t.ndim == 2 else None
+
+        recorder.begin_call(
+            ids={"main": two_d(ids), "decoder": two_d(dec_ids)},
+            valid={"main": None if two_d(mask) is None else two_d(mask).bool(),
+                   "decoder": None if two_d(dec_mask) is None else two_d(dec_mask).bool()})
+
+    return on_call
+
+
+def _causal(model: nn.Module, sites: Sequence[Site]) -> bool | None:
+    flags = [getattr(model.get_submodule(s.path), "is_causal", None) for s in sites
+             if s.kind == "self"]
+    flags = [f for f in flags if isinstance(f, bool)]
+    return any(flags) if flags else None
+
+
+@contextmanager
+def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
+            heads: Sequence[int] | int | None = None, paths: Sequence[str] | None = None,
+            keep: bool = True, reducers: Sequence[Reducer] | None = None,
+            edit: EditFn | None = None, tokenizer: Any = None,
+            example_ids: Sequence[str] | None = None,
+            query_block: int | None = None) -> Iterator[Capture]:
+    """Capture (and optionally edit) attention of every forward run inside the context.
+
+    Args:
+        model: a transformers model (any attention backend, SDPA included), an attnprobe
+            reference model, or any module with pattern-producing submodules (``paths``).
+        layers / heads: model indices to capture; ``None`` means all. Other layers run
+            their original (fast) attention; other heads are not kept.
+        paths: module paths whose outputs are ``[batch, head, query, key]`` patterns
+            (e.g. ``blocks.0.attn.hook_pattern`` of a TransformerLens model).
+        keep: keep the maps (``cap.maps``). With ``keep=False`` only ``reducers`` run, on
+            blocks of ``query_block`` rows, so memory stays flat for long inputs.
+        reducers: streaming statistics (``attnprobe.heads.reducers``) fed as weights appear.
+        edit: ``edit(layer, pattern) -> pattern`` applied to requested layers between the
+            softmax and the values; the context checks it changed something.
+        tokenizer: used to turn ids into token strings (``convert_ids_to_tokens``).
+
+    Yields:
+        A :class:`Capture`, filled when the context exits without error.
+
+    Example:
+        >>> with ap.capture(model, layers=[2], heads=[0, 8]) as cap:
+        ...     model(**batch)
+        >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
+    """
+    recorder = Recorder(layers=layers, heads=heads, keep=keep, reducers=reducers, edit=edit,
+                        query_block=query_block)
+    result = Capture()
+    use_hf = paths is None and hf.is_hf_model(model)
+    with ExitStack() as stack:
+        if use_hf:
+            sites = stack.enter_context(hf.hf_seam(model, recorder))
+            implementation = "eager (attnprobe seam)"
+        else:
+            sites = stack.enter_context(hooks.path_seam(model, recorder, paths))
+            implementation = "hooks"
+        handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
+        stack.callback(handle.remove)
+        yield result
+    recorder.finish(sites)
+    tokens_of = getattr(tokenizer, "convert_ids_to_tokens", None)
+    kept = [p for call in recorder.calls for p in call.patterns.values()]
+    info = model_info(model, implementation=implementation,
+                      n_layers=1 + max((s.layer for s in sites), default=-1),
+                      n_heads=kept[0].shape[1] if kept and recorder.heads is None else 0,
+                      causal=_causal(model, sites))
+    result.maps = recorder.build_maps(info, (lambda ids: tokens_of(ids.tolist()))
+                                      if tokens_of else None, example_ids)
+    result.tally = recorder.tally
+    result.sites = list(sites)
+    result.edits = recorder.edits_frame()

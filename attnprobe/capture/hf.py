@@ -1,0 +1,243 @@
+"""The HuggingFace seam: an attention function in transformers' AttentionInterface.
+
+For the duration of a context the model is switched to ``attnprobe_<backend>``, an attention
+function registered together with its mask function (without the mask function transformers
+silently drops the causal mask for unknown implementation names). The function:
+
+- runs the model's original backend (SDPA by default) for layers that were not asked for, so
+  they cost nothing extra;
+- runs the model's *own* ``eager_attention_forward`` for requested layers, so the weights are
+  exactly the eager ones (with every model quirk: GPT-2 scaling, T5 position bias, ...);
+- when only reducers are needed, runs that eager function on blocks of query rows, so a
+  ``[query, key]`` matrix of a long input never exists whole;
+- applies the caller's edit between the softmax and the values.
+
+Per-call state lives in a ContextVar, never on the model; the previous implementation is always
+restored on exit.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnprobe._optional import require
+from attnprobe.capture.recorder import Recorder
+from attnprobe.capture.sites import Site, attention_modules, layer_counts, site_for_path
+from attnprobe.errors import AttentionUnavailableError, InputError
+
+PREFIX = "attnprobe_"
+DELEGATES = ("sdpa", "eager")  # original backends we can hand unrequested layers to
+DEFAULT_QUERY_BLOCK = 512
+
+
+class _Session:
+    """One active capture on one model: which module is which site, and the recorder."""
+
+    def __init__(self, model: nn.Module, recorder: Recorder, delegate: str) -> None:
+        encdec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+        self.recorder = recorder
+        self.delegate = delegate
+        self.sites = {id(mod): site_for_path(path, mod, encoder_decoder=encdec)
+                      for path, mod in attention_modules(model).items()}
+        self.paths = {id(mod): path for path, mod in model.named_modules()}
+        self.encdec = encdec
+
+    def site_of(self, module: nn.Module) -> Site | None:
+        site = self.sites.get(id(module))
+        if site is None and id(module) in self.paths:  # an attention module we did not pre-scan
+            site = site_for_path(self.paths[id(module)], module, encoder_decoder=self.encdec)
+            self.sites[id(module)] = site
+        return site
+
+
+_ACTIVE: ContextVar[tuple[_Session, ...]] = ContextVar("attnprobe_sessions", default=())
+
+
+def _eager_of(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The model's own eager attention function (defined next to its attention class)."""
+    for cls in type(module).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        if fn is not None:
+            return fn
+    raise AttentionUnavailableError(
+        f"{type(module).__name__} has no eager_attention_forward in its module; "
+        "capture it with paths=[...] instead")
+
+
+def _backend(name: str, module: nn.Module) -> Callable[..., Any]:
+    if name == "eager":
+        return _eager_of(module)
+    transformers = require("transformers")
+    return transformers.AttentionInterface().get_interface(name, _eager_of(module))
+
+
+def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: int,
+                   causal: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """Rows ``[batch|1, 1, rows, key]`` of the eager (additive) mask equivalent to ``mask``.
+
+    ``mask`` is what the delegate's mask function produced: boolean (True = attend),
+    additive float, or None (then ``causal`` says whether SDPA would have used ``is_causal``).
+    """
+    low = torch.finfo(dtype).min
+    if mask is None:
+        if not causal:
+            return None
+        q_idx = torch.arange(q_len, device=device)[rows, None]
+        allowed = q_idx >= torch.arange(k_len, device=device)[None, :]
+        return torch.where(allowed, 0.0, low).to(dtype)[None, None]
+    block = mask[..., rows, :]
+    if block.dtype == torch.bool:
+        return torch.where(block, torch.zeros((), dtype=dtype, device=device), low)
+    return block.to(dtype)
+
+
+def _check_rows(additive: torch.Tensor | None, q_valid: torch.Tensor, site: Site) -> None:
+    """A real query row with no key left to attend to is an input error, not a uniform row."""
+    if additive is None:
+        return
+    open_keys = (additive > torch.finfo(additive.dtype).min / 2).any(-1)  # [batch|1, 1, rows]
+    closed = (~open_keys[:, 0]) & q_valid
+    if closed.any():
+        b, q = closed.nonzero()[0].tolist()
+        raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
+                         "(no key it may attend to)")
+
+
+def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, q, k] @ [batch, kv_head, k, d]`` -> ``[batch, q, head, d]`` (GQA-aware)."""
+    groups = pattern.shape[1] // value.shape[1]
+    if groups > 1:
+        value = value.repeat_interleave(groups, dim=1)
+    return torch.matmul(pattern, value.to(pattern.dtype)).transpose(1, 2).contiguous()
+
+
+def _attend(session: _Session, site: Site, module: nn.Module, query: torch.Tensor,
+            key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+            **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    recorder = session.recorder
+    batch, _, q_len, _ = query.shape
+    k_len = key.shape[2]
+    if session.delegate == "sdpa" and attention_mask is None:
+        is_causal = kwargs.get("is_causal")
+        is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        causal = bool(is_causal) and q_len > 1
+    else:
+        causal = False
+    kwargs.pop("is_causal", None)
+    eager = _eager_of(module)
+    q_valid = recorder.query_valid(site, batch, q_len)
+    position_bias = kwargs.pop("position_bias", None)
+
+    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, query.dtype, query.device)
+        _check_rows(mask, q_valid[:, rows].to(query.device), site)
+        extra = dict(kwargs)
+        if position_bias is not None:
+            extra["position_bias"] = position_bias[..., rows, :] \
+                if position_bias.shape[-2] == q_len else position_bias
+        return eager(module, query[:, :, rows], key, value, mask, **extra)
+
+    block = recorder.query_block or DEFAULT_QUERY_BLOCK
+    if recorder.keep or recorder.edit is not None or q_len <= block:
+        output, weights = run(slice(0, q_len))
+        if recorder.edit is not None:
+            weights = recorder.apply_edit(site, weights)
+            output = _weights_times_values(weights, value)
+        recorder.consume(site, weights, 0, q_len)
+        return output, weights
+    outputs = []
+    for start in range(0, q_len, block):
+        out, weights = run(slice(start, start + block))
+        recorder.consume(site, weights, start, q_len)
+        outputs.append(out)
+        del weights
+    return torch.cat(outputs, dim=1), None
+
+
+def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                        delegate: str, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered attention function (``query`` ``[batch, head, q, d]``)."""
+    for session in reversed(_ACTIVE.get()):
+        site = session.site_of(module)
+        if site is None:
+            continue
+        if session.recorder.needs_weights and session.recorder.wants(site):
+            return _attend(session, site, module, query, key, value, attention_mask, **kwargs)
+        break
+    return _backend(delegate, module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register(delegate: str) -> str:
+    """Register ``attnprobe_<delegate>`` (function + mask function) once; return its name."""
+    transformers = require("transformers")
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = PREFIX + delegate
+    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        transformers.AttentionInterface.register(name, partial(attnprobe_attention,
+                                                               delegate=delegate))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[delegate])
+    return name
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    if "transformers" not in sys.modules:
+        return False
+    return isinstance(model, sys.modules["transformers"].PreTrainedModel)
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every config object of the model and its sub-models (they may differ)."""
+    found: dict[int, Any] = {}
+    for sub in model.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            found[id(config)] = config
+            for key in getattr(config, "sub_configs", {}) or {}:
+                sub_config = getattr(config, key, None)
+                if sub_config is not None:
+                    found[id(sub_config)] = sub_config
+    return list(found.values())
+
+
+def hf_sites(model: nn.Module) -> list[Site]:
+    encdec = bool(getattr(model.config, "is_encoder_decoder", False))
+    return [site_for_path(path, mod, encoder_decoder=encdec)
+            for path, mod in attention_modules(model).items()]
+
+
+@contextmanager
+def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
+    """Switch ``model`` to the attnprobe attention function; yield the sites it will see."""
+    current = model.config._attn_implementation
+    delegate = current[len(PREFIX):] if current.startswith(PREFIX) else current
+    delegate = delegate if delegate in DELEGATES else "sdpa"
+    sites = hf_sites(model)
+    if not sites:
+        raise AttentionUnavailableError(
+            f"no attention modules found in {type(model).__name__}; pass paths=[...]")
+    recorder.check_layers(layer_counts(sites))
+    name = _register(delegate)
+    saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
+    session = _Session(model, recorder, delegate)
+    token = _ACTIVE.set((*_ACTIVE.get(), session))
+    try:
+        model.set_attn_implementation(name)
+        if model.config._attn_implementation != name:
+            raise AttentionUnavailableError(
+                f"{type(model).__name__} does not route attention through transformers' "
+                "AttentionInterface; capture it with paths=[...] instead")
+        yield [s for s in sites if recorder.wants(s)]
+    finally:
+        _ACTIVE.reset(token)
+        for config, implementation in saved:
+            config._attn_implementation_internal = implementation

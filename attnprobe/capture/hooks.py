@@ -1,0 +1,84 @@
+"""Forward hooks on named modules whose outputs are attention patterns.
+
+This is the seam for attnprobe's reference models (``blocks.{i}.attn.hook_pattern``) and for
+any other torch model whose attention weights come out of a module, e.g. TransformerLens'
+``HookedTransformer`` (``blocks.{i}.attn.hook_pattern``). Returning a tensor from a forward
+hook replaces the module's output, which is how edits reach the values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from attnprobe.capture.hook_point import HookPoint
+from attnprobe.capture.recorder import Recorder
+from attnprobe.capture.sites import Site, layer_counts, site_for_path
+from attnprobe.errors import AttentionUnavailableError, InputError
+
+PATTERN_SUFFIX = "hook_pattern"
+
+
+def count_hooks(model: nn.Module) -> int:
+    """All forward, forward-pre and backward hooks on every module of ``model``."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+               + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
+
+
+def hook_point_paths(model: nn.Module) -> list[str]:
+    """Paths of ``HookPoint`` modules named ``...hook_pattern`` (reference-model convention)."""
+    return [name for name, mod in model.named_modules()
+            if isinstance(mod, HookPoint) and name.rsplit(".", 1)[-1] == PATTERN_SUFFIX]
+
+
+def path_sites(model: nn.Module, paths: Sequence[str]) -> list[Site]:
+    encdec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    sites = []
+    for i, path in enumerate(paths):
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            raise InputError(f"no module at path {path!r} in {type(model).__name__}") from None
+        site = site_for_path(path, module, encoder_decoder=encdec, fallback_layer=i)
+        sites.append(site)
+    return sites
+
+
+def _hook(recorder: Recorder, site: Site):
+    def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        if not isinstance(output, torch.Tensor) or output.ndim != 4:
+            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+            raise AttentionUnavailableError(
+                f"output of {site.path} is not a [batch, head, query, key] pattern: {shape}")
+        pattern = recorder.apply_edit(site, output) if recorder.edit is not None else output
+        recorder.consume(site, pattern, 0, pattern.shape[2])
+        return pattern if recorder.edit is not None else None
+
+    return on_output
+
+
+@contextmanager
+def path_seam(model: nn.Module, recorder: Recorder,
+              paths: Sequence[str] | None) -> Iterator[list[Site]]:
+    """Hook each pattern-producing module; handles are removed even if the forward raises."""
+    paths = list(paths) if paths is not None else hook_point_paths(model)
+    if not paths:
+        raise AttentionUnavailableError(
+            f"cannot capture attention of {type(model).__name__}: it is not a transformers model "
+            "and has no hook_pattern modules; pass paths=[...] of modules that output patterns")
+    sites = path_sites(model, paths)
+    recorder.check_layers(layer_counts(sites))
+    wanted = [s for s in sites if recorder.wants(s)]
+    handles = []
+    try:
+        if recorder.needs_weights:
+            for site in wanted:
+                module = model.get_submodule(site.path)
+                handles.append(module.register_forward_hook(_hook(recorder, site)))
+        yield wanted
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -1,0 +1,238 @@
+"""What every capture seam shares: selection, editing, streaming reducers and map assembly.
+
+A seam (HF attention function, forward hooks on module paths) hands the recorder each
+layer's post-softmax weights as ``[batch, head, query, key]`` blocks. The recorder keeps the
+requested heads, feeds reducers, applies edits, and turns what it kept into per-example
+:class:`~attnprobe.types.AttentionMap` objects with padding stripped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnprobe.capture.sites import Site
+from attnprobe.errors import EditNotAppliedError, HookNotFiredError, InputError
+from attnprobe.heads.reducers import Reducer, RowBlock, Tally
+from attnprobe.types import AttentionMap, ModelInfo
+
+EditFn = Callable[[int, torch.Tensor], torch.Tensor]
+Side = str  # "main" | "decoder"
+
+
+@dataclass
+class ForwardCall:
+    """Inputs of one forward of the captured model and what was kept from it.
+
+    ``ids`` / ``valid``: ``[batch, seq]`` token ids and real-token masks per side
+    (``None`` when the model was not given them). ``patterns``: site -> ``[batch, head, q, k]``.
+    """
+
+    ids: dict[Side, torch.Tensor | None]
+    valid: dict[Side, torch.Tensor | None]
+    patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
+
+    def valid_mask(self, side: Side, batch: int, length: int) -> torch.Tensor:
+        """``[batch, length]`` bool real-token mask; all True when unknown or mismatched."""
+        mask = self.valid.get(side)
+        if mask is None or tuple(mask.shape) != (batch, length):
+            return torch.ones(batch, length, dtype=torch.bool)
+        return mask
+
+
+def _check_indices(name: str, wanted: Sequence[int] | None) -> tuple[int, ...] | None:
+    if wanted is None:
+        return None
+    wanted = (wanted,) if isinstance(wanted, int) else tuple(wanted)
+    if not wanted:
+        raise InputError(f"{name} must not be empty; pass None for all")
+    bad = [w for w in wanted if not isinstance(w, int) or isinstance(w, bool) or w < 0]
+    if bad:
+        raise InputError(f"{name} must be non-negative integers; got {bad}")
+    return tuple(sorted(set(wanted)))
+
+
+def positions(valid: torch.Tensor) -> torch.Tensor:
+    """Position of each entry among the real tokens of its row; -1 on padding. ``[batch, seq]``."""
+    pos = valid.long().cumsum(-1) - 1
+    return torch.where(valid, pos, torch.full_like(pos, -1))
+
+
+class Recorder:
+    """Per-context state of one capture (never stored on the model)."""
+
+    def __init__(self, *, layers: Sequence[int] | None, heads: Sequence[int] | None,
+                 keep: bool, reducers: Sequence[Reducer] | None, edit: EditFn | None,
+                 query_block: int | None = None) -> None:
+        self.layers = _check_indices("layers", layers)
+        self.heads = _check_indices("heads", heads)
+        self.keep = keep
+        self.reducers = list(reducers or [])
+        self.edit = edit
+        self.query_block = query_block
+        self.tally = Tally()
+        self.calls: list[ForwardCall] = []
+        self.fired: set[Site] = set()
+        self.edit_changes: dict[Site, float] = {}
+        self.kept_heads: dict[Site, tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------ selection
+    @property
+    def needs_weights(self) -> bool:
+        return self.keep or bool(self.reducers) or self.edit is not None
+
+    def wants(self, site: Site) -> bool:
+        return self.layers is None or site.layer in self.layers
+
+    def head_index(self, n_heads: int, site: Site) -> tuple[int, ...]:
+        if self.heads is None:
+            return tuple(range(n_heads))
+        bad = [h for h in self.heads if h >= n_heads]
+        if bad:
+            raise InputError(f"heads {bad} out of range at {site.path}: it has {n_heads} heads "
+                             f"(0..{n_heads - 1})")
+        return self.heads
+
+    def check_layers(self, counts: dict[tuple[str, str], int]) -> None:
+        """Raise before any forward when a requested layer exists in no stack."""
+        if self.layers is None or not counts:
+            return
+        most = max(counts.values())
+        bad = [layer for layer in self.layers if layer >= most]
+        if bad:
+            stacks = ", ".join(f"{s or 'model'} ({k}): 0..{n - 1}" for (s, k), n in counts.items())
+            raise InputError(f"layers {bad} out of range; layers are {stacks}")
+
+    # -------------------------------------------------------------- calls
+    def begin_call(self, ids: dict[Side, torch.Tensor | None],
+                   valid: dict[Side, torch.Tensor | None]) -> None:
+        for side, mask in valid.items():
+            if mask is not None and mask.ndim == 2 and not mask.any(-1).all():
+                empty = (~mask.any(-1)).nonzero().flatten().tolist()
+                raise InputError(f"examples {empty} have no real tokens: every query row is "
+                                 "fully masked")
+        self.calls.append(ForwardCall(ids=ids, valid=valid))
+
+    @property
+    def current(self) -> ForwardCall:
+        if not self.calls:  # a seam fired without the root pre-hook (e.g. a submodule was called)
+            self.calls.append(ForwardCall(ids={}, valid={}))
+        return self.calls[-1]
+
+    def query_valid(self, site: Site, batch: int, q_len: int) -> torch.Tensor:
+        return self.current.valid_mask(site.side, batch, q_len)
+
+    # ------------------------------------------------------------ consume
+    def apply_edit(self, site: Site, pattern: torch.Tensor) -> torch.Tensor:
+        """Run the caller's edit on ``[batch, head, query, key]``; check shape and finiteness."""
+        assert self.edit is not None  # noqa: S101 - guarded by callers
+        edited = self.edit(site.layer, pattern)
+        if not isinstance(edited, torch.Tensor) or edited.shape != pattern.shape:
+            got = tuple(edited.shape) if isinstance(edited, torch.Tensor) else type(edited).__name__
+            raise InputError(f"edit at {site.path} must return a tensor of shape "
+                             f"{tuple(pattern.shape)}; got {got}")
+        if not torch.isfinite(edited).all():
+            raise InputError(f"edit at {site.path} returned NaN or inf")
+        edited = edited.to(pattern.dtype)
+        change = (edited - pattern).abs().max().item() if pattern.numel() else 0.0
+        self.edit_changes[site] = max(self.edit_changes.get(site, 0.0), change)
+        return edited
+
+    def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
+                q_total: int | None = None) -> None:
+        """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``."""
+        self.fired.add(site)
+        batch, n_heads, q_block, k_len = pattern.shape
+        heads = self.head_index(n_heads, site)
+        kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
+        if self.reducers:
+            call = self.current
+            q_valid = call.valid_mask(site.side, batch, q_total or q_block)
+            k_valid = call.valid_mask(site.key_side, batch, k_len)
+            rows = slice(q_start, q_start + q_block)
+            block = RowBlock(pattern=kept.detach(), query_valid=q_valid[:, rows],
+                             query_pos=positions(q_valid)[:, rows], key_pos=positions(k_valid),
+                             key_len=k_valid.sum(-1).clamp(min=1))
+            self.tally.add(site.key, heads, block, self.reducers)
+        if self.keep:
+            self.kept_heads[site] = heads
+            self.current.patterns[site] = kept.detach().to("cpu", torch.float32)
+
+    # ------------------------------------------------------------- finish
+    def finish(self, wanted_sites: Sequence[Site]) -> None:
+        """After a clean exit: every wanted site fired, every edit changed something."""
+        if not self.calls:
+            raise HookNotFiredError("the model was never called inside the capture context")
+        missing = [s.path for s in wanted_sites if s not in self.fired]
+        if missing and self.needs_weights:
+            raise HookNotFiredError(f"attention at {', '.join(missing)} never ran; check the "
+                                    "paths/layers or that the model calls these modules")
+        if self.edit is not None and not any(v > 0 for v in self.edit_changes.values()):
+            raise EditNotAppliedError("the edit left every attention pattern unchanged "
+                                      f"(layers {sorted({s.layer for s in self.fired})})")
+
+    def edits_frame(self) -> pd.DataFrame:
+        rows = [(s.stack, s.kind, s.layer, s.path, c) for s, c in self.edit_changes.items()]
+        return pd.DataFrame(rows, columns=["stack", "kind", "layer", "path", "max_abs_change"])
+
+    def build_maps(self, info: ModelInfo, tokens_of: Callable[[torch.Tensor], list[str]] | None,
+                   example_ids: Sequence[str] | None = None) -> list[AttentionMap]:
+        """Per call, per example, per (stack, kind): one padding-stripped AttentionMap."""
+        maps: list[AttentionMap] = []
+        n_example = 0
+        for call in self.calls:
+            groups: dict[tuple[str, str], list[Site]] = {}
+            for site in call.patterns:
+                groups.setdefault((site.stack, site.kind), []).append(site)
+            if not groups:
+                continue
+            batch = next(iter(call.patterns.values())).shape[0]
+            for b in range(batch):
+                example_id = (example_ids[n_example] if example_ids and n_example < len(example_ids)
+                              else str(n_example))
+                n_example += 1
+                for sites in groups.values():
+                    sites = sorted(sites, key=lambda s: s.layer)
+                    maps.append(_example_map(call, sites, b, info, tokens_of, example_id,
+                                             heads=self.kept_heads[sites[0]],
+                                             edited=any(s in self.edit_changes for s in sites)))
+        return maps
+
+
+def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor,
+            tokens_of: Callable[[torch.Tensor], list[str]] | None) -> list[str]:
+    ids = call.ids.get(side)
+    if ids is None or ids.shape[-1] != valid.shape[-1]:
+        return [f"[{i}]" for i in range(int(valid.sum()))]
+    real = ids[b][valid]
+    return tokens_of(real) if tokens_of else [str(int(i)) for i in real]
+
+
+def _example_map(call: ForwardCall, sites: list[Site], b: int, info: ModelInfo,
+                 tokens_of: Any, example_id: str, *, heads: tuple[int, ...],
+                 edited: bool) -> AttentionMap:
+    first = call.patterns[sites[0]]
+    _, _, q_len, k_len = first.shape
+    q_valid = call.valid_mask(sites[0].side, first.shape[0], q_len)[b]
+    k_valid = call.valid_mask(sites[0].key_side, first.shape[0], k_len)[b]
+    # [layer, head, query, key] for this example, real tokens only
+    pattern = torch.stack([call.patterns[s][b] for s in sites])[:, :, q_valid][..., k_valid]
+    heads_of = {p.shape[1] for p in (call.patterns[s] for s in sites)}
+    if len(heads_of) != 1:
+        raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
+    return AttentionMap(
+        pattern=pattern,
+        query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, tokens_of)),
+        key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, tokens_of)),
+        layers=tuple(s.layer for s in sites),
+        heads=heads,
+        kind=sites[0].kind,
+        stack=sites[0].stack,
+        info=info,
+        example_id=example_id,
+        check_rows=not edited,
+    )

@@ -1,0 +1,77 @@
+"""Where attention happens in a model: named sites (stack, kind, layer) and their paths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_CROSS_NAMES = ("crossattention", "cross_attn", "cross_attention", "encoder_attn", "encdecattention")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention computation of a model.
+
+    ``stack`` is the module path of the layer list it belongs to (``encoder.layer``,
+    ``model.decoder.layers``, ``blocks`` ...), ``layer`` its model index in that stack, and
+    ``side`` which input its queries come from (``"decoder"`` for decoder stacks of
+    encoder-decoder models, ``"main"`` otherwise). Cross-attention keys come from the main side.
+    """
+
+    path: str
+    stack: str
+    kind: Literal["self", "cross"]
+    layer: int
+    side: Literal["main", "decoder"] = "main"
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.stack, self.kind, self.layer)
+
+    @property
+    def key_side(self) -> Literal["main", "decoder"]:
+        return "main" if self.kind == "cross" else self.side
+
+
+def site_for_path(path: str, module: nn.Module | None = None, *, encoder_decoder: bool = False,
+                  fallback_layer: int = 0) -> Site:
+    """Derive the site of an attention module (or hook point) from its path.
+
+    The layer is the module's ``layer_idx`` when it has one, else the first integer in the
+    path; the stack is the path up to that integer.
+    """
+    match = _INDEX.search(path)
+    stack = path[: match.start(1)].rstrip(".") if match else ""
+    layer = getattr(module, "layer_idx", None)
+    if not isinstance(layer, int):
+        layer = int(match.group(1)) if match else fallback_layer
+    lowered = path.lower().replace("_", "")
+    cross = bool(getattr(module, "is_cross_attention", False)) or any(
+        name.replace("_", "") in lowered for name in _CROSS_NAMES)
+    side = "decoder" if encoder_decoder and "decoder" in stack.lower() else "main"
+    return Site(path=path, stack=stack, kind="cross" if cross else "self", layer=layer, side=side)
+
+
+def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Innermost modules whose class name contains "Attention", by path.
+
+    This is how layer counts are known before a forward (to validate indices); the seam
+    itself identifies modules by identity when they call it.
+    """
+    found = {name: mod for name, mod in model.named_modules()
+             if "attention" in type(mod).__name__.lower()}
+    return {name: mod for name, mod in found.items()
+            if not any(other.startswith(name + ".") for other in found)}
+
+
+def layer_counts(sites: list[Site]) -> dict[tuple[str, str], int]:
+    """Number of layers of each (stack, kind)."""
+    counts: dict[tuple[str, str], int] = {}
+    for site in sites:
+        key = (site.stack, site.kind)
+        counts[key] = max(counts.get(key, 0), site.layer + 1)
+    return counts

@@ -1,0 +1,205 @@
+"""Streaming head statistics: reducers that consume attention as it is computed.
+
+A reducer turns a block of attention rows into per-head *sums*; a :class:`Tally` adds those
+sums and the number of rows seen. Means are ``sum / count``, so tallies from different
+batches, processes or machines merge exactly with ``+``. No ``[query, key]`` matrix has to be
+kept: the capture seam can feed blocks of query rows and drop them.
+
+Every reducer is a frozen dataclass with a ``name`` and ``__call__(block) -> {statistic: sums}``
+where ``sums`` is a float64 tensor ``[head]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pandas as pd
+import torch
+
+from attnprobe.registry import Registry
+from attnprobe.types import head_id
+
+# Tidy columns of Tally.to_frame().
+STAT_COLUMNS = ("stack", "kind", "layer", "head", "head_id", "statistic", "value", "sum", "count")
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """A block of attention rows of one layer, with what is needed to skip padding.
+
+    Shapes:
+        pattern: ``[batch, head, query_block, key]`` post-softmax weights.
+        query_valid: ``[batch, query_block]`` bool, False on padding rows.
+        query_pos: ``[batch, query_block]`` position of each row among the real query tokens.
+        key_pos: ``[batch, key]`` position of each key among the real key tokens, -1 on padding.
+        key_len: ``[batch]`` number of real keys.
+    """
+
+    pattern: torch.Tensor
+    query_valid: torch.Tensor
+    query_pos: torch.Tensor
+    key_pos: torch.Tensor
+    key_len: torch.Tensor
+
+    def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
+        """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
+        weight = self.query_valid[:, None, :].to(torch.float64)
+        return (per_row.to(torch.float64) * weight).sum(dim=(0, 2))
+
+
+class Reducer(Protocol):
+    name: str
+
+    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]: ...
+
+
+REDUCERS: Registry[type] = Registry("reducer")
+
+
+@REDUCERS.register("entropy")
+@dataclass(frozen=True)
+class Entropy:
+    """Row entropy ``-Σ_j a_ij ln a_ij`` in nats (``ln n`` for a uniform row over n keys).
+
+    ``smoothing`` mixes in a uniform distribution over the real keys first
+    (Clark et al. use 1e-4).
+    """
+
+    smoothing: float = 0.0
+    name: str = "entropy"
+
+    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
+        a = block.pattern.to(torch.float64)
+        if self.smoothing:
+            real = (block.key_pos >= 0)[:, None, None, :].to(a.dtype)
+            a = (1 - self.smoothing) * a + self.smoothing * real / block.key_len[:, None, None, None]
+        h = -torch.special.xlogy(a, a).sum(-1)
+        return {self.name: block.masked_row_sum(h)}
+
+
+@REDUCERS.register("max_weight")
+@dataclass(frozen=True)
+class MaxWeight:
+    """Largest weight of each row (1.0 for a one-hot row, 1/n for a uniform one)."""
+
+    name: str = "max_weight"
+
+    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
+        return {self.name: block.masked_row_sum(block.pattern.amax(-1))}
+
+
+def _offset_name(offset: int) -> str:
+    return {-1: "prev", 0: "self", 1: "next"}.get(offset, f"offset{offset:+d}")
+
+
+@REDUCERS.register("offset_mass")
+@dataclass(frozen=True)
+class OffsetMass:
+    """Mass on the key at relative offset ``key - query`` (-1 previous, 0 self, +1 next).
+
+    Statistics are named ``prev``, ``self``, ``next`` or ``offset+k``. A row whose offset
+    falls outside the sentence contributes 0.
+    """
+
+    offsets: tuple[int, ...] = (-1, 0, 1)
+    name: str = "offset_mass"
+
+    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
+        out = {}
+        # [batch, query_block, key]: relative offset of each key from each query, in real tokens
+        rel = block.key_pos[:, None, :] - block.query_pos[:, :, None]
+        real_key = (block.key_pos >= 0)[:, None, :]
+        for offset in self.offsets:
+            hit = ((rel == offset) & real_key).to(block.pattern.dtype)  # [batch, query_block, key]
+            mass = (block.pattern * hit[:, None]).sum(-1)
+            out[_offset_name(offset)] = block.masked_row_sum(mass)
+        return out
+
+
+@REDUCERS.register("key_mass")
+@dataclass(frozen=True)
+class KeyMass:
+    """Mass on given key positions among the real tokens; negative counts from the end.
+
+    ``KeyMass((0, -1))`` gives ``key[0]`` (e.g. ``[CLS]`` or a BOS sink) and ``key[-1]``
+    (e.g. ``[SEP]``).
+    """
+
+    positions: tuple[int, ...] = (0,)
+    name: str = "key_mass"
+
+    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
+        out = {}
+        for position in self.positions:
+            target = position if position >= 0 else block.key_len + position  # [batch] or int
+            target = torch.as_tensor(target).reshape(-1, 1)
+            hit = (block.key_pos == target).to(block.pattern.dtype)  # [batch, key]
+            mass = (block.pattern * hit[:, None, None, :]).sum(-1)
+            out[f"key[{position}]"] = block.masked_row_sum(mass)
+        return out
+
+
+def default_reducers() -> list[Reducer]:
+    """The per-head summary: entropy, max weight, previous/self/next mass, first-key mass."""
+    return [Entropy(), MaxWeight(), OffsetMass(), KeyMass((0,))]
+
+
+SiteKey = tuple[str, str, int]  # (stack, kind, layer)
+
+
+@dataclass
+class Tally:
+    """Mergeable sums and row counts per (statistic, stack, kind, layer, head).
+
+    ``a + b`` is exact: it adds sums and counts, so a corpus can be split anywhere.
+    """
+
+    sums: dict[tuple[str, SiteKey], torch.Tensor] = field(default_factory=dict)
+    counts: dict[SiteKey, float] = field(default_factory=dict)
+    heads: dict[SiteKey, tuple[int, ...]] = field(default_factory=dict)
+
+    def add(self, site: SiteKey, heads: tuple[int, ...], block: RowBlock,
+            reducers: Iterable[Reducer]) -> None:
+        """Feed one block of rows of one layer (``pattern`` restricted to ``heads``)."""
+        known = self.heads.setdefault(site, heads)
+        if known != heads:
+            raise ValueError(f"heads {heads} differ from {known} already tallied for {site}")
+        self.counts[site] = self.counts.get(site, 0.0) + float(block.query_valid.sum())
+        for reducer in reducers:
+            for stat, value in reducer(block).items():
+                key = (stat, site)
+                self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+    def __add__(self, other: Tally) -> Tally:
+        merged = Tally(dict(self.sums), dict(self.counts), dict(self.heads))
+        for site, heads in other.heads.items():
+            if merged.heads.setdefault(site, heads) != heads:
+                raise ValueError(f"cannot merge tallies with different heads for {site}")
+        for site, count in other.counts.items():
+            merged.counts[site] = merged.counts.get(site, 0.0) + count
+        for key, value in other.sums.items():
+            merged.sums[key] = merged.sums[key] + value if key in merged.sums else value
+        return merged
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy table, columns ``STAT_COLUMNS``; ``value = sum / count`` (mean over rows)."""
+        rows = []
+        for (stat, site), sums in sorted(self.sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            stack, kind, layer = site
+            count = self.counts[site]
+            for head, total in zip(self.heads[site], sums.tolist(), strict=True):
+                rows.append((stack, kind, layer, head, head_id(layer, head), stat,
+                             total / count if count else float("nan"), total, count))
+        return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
+
+    def summary(self) -> pd.DataFrame:
+        """One row per head, one column per statistic (wide view of ``to_frame``)."""
+        frame = self.to_frame()
+        if frame.empty:
+            return frame
+        wide = frame.pivot_table(index=["stack", "kind", "layer", "head", "head_id"],
+                                 columns="statistic", values="value", sort=False)
+        wide.columns.name = None
+        return wide.reset_index()

@@ -1,0 +1,177 @@
+"""A small pre-LayerNorm Transformer (encoder or decoder-only), nanoGPT style.
+
+Hook paths: ``blocks.{i}.attn.hook_scores`` and ``blocks.{i}.attn.hook_pattern``, both
+``[batch, head, query, key]``.
+
+Padding: positions count only real tokens (``cumsum(mask) - 1``), padding keys are masked and
+padding queries attend only to themselves (``MultiHeadAttention.build_mask``), so left- and
+right-padded batches give the same attention and logits on their real tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from attnprobe.errors import InputError
+from attnprobe.models.attention import MultiHeadAttention
+
+
+@dataclass
+class TransformerConfig:
+    """Hyperparameters of :class:`TransformerModel`.
+
+    ``n_kv_heads`` < ``n_heads`` gives grouped-query attention; ``positional`` is learned
+    absolute position embeddings (the only kind this model implements).
+    """
+
+    vocab_size: int
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_ff: int = 64
+    max_len: int = 64
+    causal: bool = False
+    positional: Literal["learned"] = "learned"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.positional != "learned":
+            raise InputError(f"positional must be 'learned'; got {self.positional!r}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``[batch, seq, d_model] -> [batch, seq, d_model]``."""
+
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = True) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff, bias=bias)
+        self.act = nn.GELU()
+        self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(self.act(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.causal = config.causal
+        self.ln1 = nn.LayerNorm(config.d_model)
+        self.attn = MultiHeadAttention(
+            config.d_model, config.n_heads, config.n_kv_heads, bias=config.bias
+        )
+        self.ln2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias)
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x ``[batch, seq, d_model]``, padding_mask ``[batch, seq]`` (1 = real) -> like x."""
+        x = x + self.attn(self.ln1(x), key_padding_mask=padding_mask, causal=self.causal)
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class TransformerModel(nn.Module):
+    """Token + learned position embeddings, ``n_layers`` blocks, final LayerNorm, unembedding.
+
+    Shapes:
+        input_ids ``[batch, seq]``, attention_mask ``[batch, seq]`` (1 = real token)
+        -> logits ``[batch, seq, vocab]``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.max_len, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=config.bias)
+
+    @classmethod
+    def encoder(cls, vocab_size: int, **overrides: Any) -> TransformerModel:
+        """A bidirectional encoder (``causal=False``); other config fields from ``overrides``."""
+        return cls(TransformerConfig(vocab_size=vocab_size, causal=False, **overrides))
+
+    @classmethod
+    def decoder_only(cls, vocab_size: int, **overrides: Any) -> TransformerModel:
+        """A causal decoder-only model (``causal=True``); other fields from ``overrides``."""
+        return cls(TransformerConfig(vocab_size=vocab_size, causal=True, **overrides))
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.config.n_heads
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits for every position.
+
+        Args:
+            input_ids: LongTensor ``[batch, seq]``.
+            attention_mask: ``[batch, seq]`` 0/1 or bool, 1 = real token; None = all real.
+
+        Returns:
+            logits ``[batch, seq, vocab]`` (rows at padding positions are finite but meaningless).
+
+        Raises:
+            InputError: wrong shapes or dtypes, ids out of range, ``seq > max_len``, or an
+                example whose attention mask is all zeros.
+        """
+        real = self._check_inputs(input_ids, attention_mask)  # [batch, seq] bool
+        positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)  # [batch, seq]
+
+        x = self.embed(input_ids) + self.pos_embed(positions)  # [batch, seq, d_model]
+        for block in self.blocks:
+            x = block(x, real)
+        return self.unembed(self.ln_final(x))  # [batch, seq, vocab]
+
+    def _check_inputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Validate the inputs; return the bool ``[batch, seq]`` real-token mask."""
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
+            raise InputError(f"input_ids must be a 2-d [batch, seq] tensor; got {got!r}")
+        if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
+            raise InputError(f"input_ids must be an integer tensor; got {input_ids.dtype}")
+        batch, seq = input_ids.shape
+        if seq == 0:
+            raise InputError("input_ids has no tokens (seq length 0)")
+        if seq > self.config.max_len:
+            raise InputError(
+                f"input has {seq} tokens but the model's max_len is {self.config.max_len}; "
+                "shorten the text"
+            )
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
+            raise InputError(
+                f"input_ids must lie in [0, {self.config.vocab_size}); got "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+            )
+        if attention_mask is None:
+            return torch.ones(batch, seq, dtype=torch.bool, device=input_ids.device)
+        if tuple(attention_mask.shape) != (batch, seq):
+            raise InputError(
+                f"attention_mask must have the shape of input_ids {(batch, seq)}; "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise InputError("attention_mask must contain only 0 and 1")
+        real = attention_mask.to(device=input_ids.device) != 0
+        empty = (~real.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise InputError(f"fully masked example(s) {empty}: attention_mask has no real token")
+        return real
