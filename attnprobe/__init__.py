@@ -20,17 +20,33 @@ from attnprobe.types import AttentionMap, ModelInfo, head_id, load_maps, save_ma
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionMap", "AttentionUnavailableError", "AttnProbeError", "Capture",
-    "EditNotAppliedError", "HookNotFiredError", "HookPoint", "InputError", "MissingExtraError",
-    "ModelInfo", "ModelNotFoundError", "capture", "count_hooks", "extract", "head_id", "heads",
-    "load_maps", "load_model", "save_maps", "summarize",
+    "AttentionMap",
+    "AttentionUnavailableError",
+    "AttnProbeError",
+    "Capture",
+    "EditNotAppliedError",
+    "HookNotFiredError",
+    "HookPoint",
+    "InputError",
+    "MissingExtraError",
+    "ModelInfo",
+    "ModelNotFoundError",
+    "capture",
+    "count_hooks",
+    "extract",
+    "head_id",
+    "head_stats",
+    "heads",
+    "load_maps",
+    "load_model",
+    "save_maps",
 ]
 
 
 def __getattr__(name: str):
     # Entry points that need transformers are imported on first use.
-    if name in ("load_model", "extract", "summarize"):
-        from attnprobe import extract as _extract
+    if name in ("load_model", "extract", "head_stats"):
+        from attnprobe import extraction
 
-        return getattr(_extract, name)
+        return getattr(extraction, name)
     raise AttributeError(f"module 'attnprobe' has no attribute {name!r}")

@@ -119,7 +119,8 @@ class AttentionMap:
     def _validate(self) -> None:
         p = self.pattern
         if p.ndim != 4:
-            raise InputError(f"pattern must be 4-D [layer, head, query, key]; got shape {tuple(p.shape)}")
+            raise InputError("pattern must be 4-D [layer, head, query, key]; got shape "
+                             f"{tuple(p.shape)}")
         expected = (len(self.layers), len(self.heads), len(self.query_tokens), len(self.key_tokens))
         if tuple(p.shape) != expected:
             raise InputError(f"pattern shape {tuple(p.shape)} does not match [layers, heads, "

@@ -110,7 +110,7 @@ class Recorder:
     # -------------------------------------------------------------- calls
     def begin_call(self, ids: dict[Side, torch.Tensor | None],
                    valid: dict[Side, torch.Tensor | None]) -> None:
-        for side, mask in valid.items():
+        for _side, mask in valid.items():
             if mask is not None and mask.ndim == 2 and not mask.any(-1).all():
                 empty = (~mask.any(-1)).nonzero().flatten().tolist()
                 raise InputError(f"examples {empty} have no real tokens: every query row is "

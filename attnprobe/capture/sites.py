@@ -9,7 +9,9 @@ from typing import Literal
 from torch import nn
 
 _INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
-_CROSS_NAMES = ("crossattention", "cross_attn", "cross_attention", "encoder_attn", "encdecattention")
+_CROSS_NAMES = (
+    "crossattention", "cross_attn", "cross_attention", "encoder_attn", "encdecattention",
+)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Head statistics: streaming reducers (more analyses follow in later modules)."""
+"""Head statistics: streaming reducers and per-head summaries."""
 
 from attnprobe.heads.reducers import (
     REDUCERS,
@@ -11,6 +11,7 @@ from attnprobe.heads.reducers import (
     Tally,
     default_reducers,
 )
+from attnprobe.heads.summary import summarize, tally_maps
 
 __all__ = ["REDUCERS", "Entropy", "KeyMass", "MaxWeight", "OffsetMass", "Reducer", "RowBlock",
-           "Tally", "default_reducers"]
+           "Tally", "default_reducers", "summarize", "tally_maps"]

@@ -74,7 +74,8 @@ class Entropy:
         a = block.pattern.to(torch.float64)
         if self.smoothing:
             real = (block.key_pos >= 0)[:, None, None, :].to(a.dtype)
-            a = (1 - self.smoothing) * a + self.smoothing * real / block.key_len[:, None, None, None]
+            uniform = real / block.key_len[:, None, None, None]
+            a = (1 - self.smoothing) * a + self.smoothing * uniform
         h = -torch.special.xlogy(a, a).sum(-1)
         return {self.name: block.masked_row_sum(h)}
 
@@ -186,12 +187,19 @@ class Tally:
     def to_frame(self) -> pd.DataFrame:
         """Tidy table, columns ``STAT_COLUMNS``; ``value = sum / count`` (mean over rows)."""
         rows = []
-        for (stat, site), sums in sorted(self.sums.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            stack, kind, layer = site
+        stats = list(dict.fromkeys(stat for stat, _ in self.sums))  # reducer order
+        for site in sorted(self.counts):
             count = self.counts[site]
-            for head, total in zip(self.heads[site], sums.tolist(), strict=True):
-                rows.append((stack, kind, layer, head, head_id(layer, head), stat,
-                             total / count if count else float("nan"), total, count))
+            if not count:  # no real query row reached this site: nothing to average
+                continue
+            stack, kind, layer = site
+            for stat in stats:
+                sums = self.sums.get((stat, site))
+                if sums is None:
+                    continue
+                for head, total in zip(self.heads[site], sums.tolist(), strict=True):
+                    rows.append((stack, kind, layer, head, head_id(layer, head), stat,
+                                 total / count, total, count))
         return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
@@ -199,7 +207,8 @@ class Tally:
         frame = self.to_frame()
         if frame.empty:
             return frame
-        wide = frame.pivot_table(index=["stack", "kind", "layer", "head", "head_id"],
-                                 columns="statistic", values="value", sort=False)
+        index = ["stack", "kind", "layer", "head", "head_id"]
+        wide = frame.pivot_table(index=index, columns="statistic", values="value", sort=False)
+        wide = wide[list(dict.fromkeys(frame["statistic"]))]  # keep reducer order
         wide.columns.name = None
         return wide.reset_index()

@@ -196,6 +196,7 @@ class MultiHeadAttention(nn.Module):
             x: ``[batch, query, d_model]``.
             context: ``[batch, key, d_model]`` or None (self-attention, key = query).
             key_padding_mask: ``[batch, key]`` bool or 0/1, 1 = real token; None = all real.
+                In self-attention a padding query attends only to itself (see ``build_mask``).
             attn_mask: extra bool mask broadcastable to ``[batch, head, query, key]``.
             causal: forbid keys after the query.
 
@@ -228,7 +229,7 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             self_attention=context is None,
             device=x.device,
-        )  # bool [batch | 1, 1, query, key] or None
+        )  # bool, broadcastable to [batch, head, query, key], or None
         z = scaled_dot_product(
             q, k, v, mask, self.hook_scores, self.hook_pattern
         )  # [batch, head, query, d_head]

@@ -1,0 +1,26 @@
+# Two entry points for a fresh machine:  make demo  and  make test
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.attnprobe-installed
+
+.PHONY: setup demo test lint bench
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[all]'
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/attnprobe extract --model minilm --text-file analyses/data/demo_sentences.txt \
+		--out runs/demo/maps.npz
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check attnprobe analyses tests
+
+bench: setup
+	$(PY) analyses/bench_capture.py

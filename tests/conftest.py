@@ -1,0 +1,31 @@
+"""Shared fixtures: seeded RNG, and a guard that no test leaves a hook on a tracked model."""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from attnprobe.capture import count_hooks
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_TRACKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def track(model: nn.Module) -> nn.Module:
+    """Register a model so the autouse guard asserts it carries no hook after every test."""
+    _TRACKED.add(model)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_no_hooks():
+    torch.manual_seed(0)
+    yield
+    leaked = [type(m).__name__ for m in list(_TRACKED) if count_hooks(m) > 0]
+    assert not leaked, f"hooks left behind on {leaked}"

@@ -1,0 +1,88 @@
+import math
+
+import pytest
+import torch
+
+from attnprobe.capture.recorder import positions
+from attnprobe.heads import Entropy, KeyMass, MaxWeight, OffsetMass, RowBlock, Tally
+
+
+def block(pattern, valid=None):
+    """RowBlock for a self-attention pattern [batch, head, q, k] with a [batch, seq] mask."""
+    b, _, q, _k = pattern.shape
+    valid = torch.ones(b, q, dtype=torch.bool) if valid is None else valid
+    return RowBlock(pattern=pattern, query_valid=valid, query_pos=positions(valid),
+                    key_pos=positions(valid), key_len=valid.sum(-1))
+
+
+def shifted_identity(n, offset):
+    """Row i puts all mass on key i+offset (clamped), a pure positional head."""
+    eye = torch.zeros(n, n)
+    for i in range(n):
+        eye[i, min(max(i + offset, 0), n - 1)] = 1.0
+    return eye
+
+
+def test_uniform_rows_have_entropy_log_n_and_max_one_over_n():
+    n = 16
+    b = block(torch.full((1, 2, n, n), 1 / n))
+    assert Entropy()(b)["entropy"] / n == pytest.approx(torch.full((2,), math.log(n)).double())
+    assert MaxWeight()(b)["max_weight"] / n == pytest.approx(torch.full((2,), 1 / n).double())
+
+
+def test_one_hot_rows_have_zero_entropy():
+    b = block(shifted_identity(5, -1)[None, None])
+    assert Entropy()(b)["entropy"].item() == 0.0
+    assert MaxWeight()(b)["max_weight"].item() == 5.0
+
+
+def test_offset_mass_recovers_a_previous_token_head():
+    n = 6
+    b = block(shifted_identity(n, -1)[None, None])
+    sums = OffsetMass()(b)
+    # rows 1..5 put everything on i-1; row 0 (clamped) on itself
+    assert sums["prev"].item() == 5 and sums["self"].item() == 1 and sums["next"].item() == 0
+
+
+def test_padding_rows_are_ignored_and_positions_survive_left_padding():
+    n = 5
+    right = torch.zeros(1, 1, 7, 7)
+    right[0, 0, :n, :n] = shifted_identity(n, 1)
+    right[0, 0, n:, 0] = 1.0  # padded query rows: garbage that must not count
+    left = torch.zeros(1, 1, 7, 7)
+    left[0, 0, 2:, 2:] = shifted_identity(n, 1)
+    left[0, 0, :2, 0] = 1.0
+    r_valid = torch.tensor([[1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    l_valid = torch.tensor([[0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    for reducer in (OffsetMass(), KeyMass((0, -1)), Entropy()):
+        a, b = reducer(block(right, r_valid)), reducer(block(left, l_valid))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (reducer, key)
+    masses = KeyMass((0, -1))(block(left, l_valid))
+    assert masses["key[-1]"].item() == 2  # rows 3 and 4 (clamped) point at the last real token
+    assert masses["key[0]"].item() == 0
+
+
+def test_tally_merges_exactly():
+    reducers = [Entropy(), OffsetMass()]
+    p = torch.softmax(torch.randn(4, 3, 5, 5), dim=-1)
+    whole, first, second = Tally(), Tally(), Tally()
+    whole.add(("s", "self", 0), (0, 1, 2), block(p), reducers)
+    first.add(("s", "self", 0), (0, 1, 2), block(p[:1]), reducers)
+    second.add(("s", "self", 0), (0, 1, 2), block(p[1:]), reducers)
+    merged = (first + second).to_frame()
+    expected = whole.to_frame()
+    assert merged[["statistic", "head", "count"]].equals(expected[["statistic", "head", "count"]])
+    assert merged["value"].to_numpy() == pytest.approx(expected["value"].to_numpy(), abs=1e-12)
+    # the mean is over query rows: 4 examples x 5 rows
+    assert set(merged["count"]) == {20.0}
+
+
+def test_tally_refuses_to_merge_different_heads():
+    p = torch.full((1, 2, 3, 3), 1 / 3)
+    a, b = Tally(), Tally()
+    a.add(("s", "self", 0), (0, 1), block(p), [Entropy()])
+    b.add(("s", "self", 0), (4, 5), block(p), [Entropy()])
+    with pytest.raises(ValueError, match="different heads"):
+        a + b

@@ -1,0 +1,23 @@
+import subprocess
+import sys
+
+HEAVY = ("transformers", "captum", "matplotlib", "spacy", "seaborn")
+
+
+def test_import_attnprobe_stays_light():
+    code = ("import sys, attnprobe, attnprobe.models, attnprobe.heads, attnprobe.capture; "
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_missing_extra_names_the_extra():
+    from attnprobe._optional import require
+    from attnprobe.errors import MissingExtraError
+
+    try:
+        require("captum_does_not_exist")
+    except MissingExtraError as exc:
+        assert "pip install 'attnprobe[" in str(exc)
+    else:
+        raise AssertionError("require() should have raised")
