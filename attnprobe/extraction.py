@@ -72,7 +72,8 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
             tokenizer.padding_side = old_side
         batch = {k: batch[k] for k in ("input_ids", "attention_mask")}
     else:
-        batch = dict(tokenizer(list(texts), padding_side=padding_side))
+        # length limits are checked below, the same way for every tokenizer
+        batch = dict(tokenizer(list(texts), padding_side=padding_side, max_length=_HUGE))
     lengths = batch["attention_mask"].sum(-1)
     if limit is not None and int(lengths.max()) > limit:
         if not truncation:
