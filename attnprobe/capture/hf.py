@@ -41,10 +41,9 @@ DEFAULT_QUERY_BLOCK = 512
 class _Session:
     """One active capture on one model: which module is which site, and the recorder."""
 
-    def __init__(self, model: nn.Module, recorder: Recorder, delegate: str) -> None:
+    def __init__(self, model: nn.Module, recorder: Recorder) -> None:
         encdec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
         self.recorder = recorder
-        self.delegate = delegate
         self.sites = {id(mod): site_for_path(path, mod, encoder_decoder=encdec)
                       for path, mod in attention_modules(model).items()}
         self.paths = {id(mod): path for path, mod in model.named_modules()}
@@ -119,13 +118,15 @@ def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.T
     return torch.matmul(pattern, value.to(pattern.dtype)).transpose(1, 2).contiguous()
 
 
-def _attend(session: _Session, site: Site, module: nn.Module, query: torch.Tensor,
-            key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Module,
+            query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
             **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    recorder = session.recorder
+    """Eager attention for the recorders that asked for this site (innermost capture first)."""
+    recorder, site = takers[0]
     batch, _, q_len, _ = query.shape
     k_len = key.shape[2]
-    if session.delegate == "sdpa" and attention_mask is None:
+    if delegate == "sdpa" and attention_mask is None:
         is_causal = kwargs.get("is_causal")
         is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         causal = bool(is_causal) and q_len > 1
@@ -145,18 +146,24 @@ def _attend(session: _Session, site: Site, module: nn.Module, query: torch.Tenso
                 if position_bias.shape[-2] == q_len else position_bias
         return eager(module, query[:, :, rows], key, value, mask, **extra)
 
-    block = recorder.query_block or DEFAULT_QUERY_BLOCK
-    if recorder.keep or recorder.edit is not None or q_len <= block:
+    whole = any(r.keep or r.edit is not None for r, _ in takers)
+    block = min(r.query_block or DEFAULT_QUERY_BLOCK for r, _ in takers)
+    if whole or q_len <= block:
         output, weights = run(slice(0, q_len))
-        if recorder.edit is not None:
-            weights = recorder.apply_edit(site, weights)
+        edited = False
+        for taker, taker_site in takers:
+            if taker.edit is not None:
+                weights = taker.apply_edit(taker_site, weights)
+                edited = True
+            taker.consume(taker_site, weights, 0, q_len)
+        if edited:
             output = _weights_times_values(weights, value)
-        recorder.consume(site, weights, 0, q_len)
         return output, weights
     outputs = []
     for start in range(0, q_len, block):
         out, weights = run(slice(start, start + block))
-        recorder.consume(site, weights, start, q_len)
+        for taker, taker_site in takers:
+            taker.consume(taker_site, weights, start, q_len)
         outputs.append(out)
         del weights
     return torch.cat(outputs, dim=1), None
@@ -166,13 +173,13 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
                         value: torch.Tensor, attention_mask: torch.Tensor | None, *,
                         delegate: str, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The registered attention function (``query`` ``[batch, head, q, d]``)."""
+    takers = []
     for session in reversed(_ACTIVE.get()):
         site = session.site_of(module)
-        if site is None:
-            continue
-        if session.recorder.needs_weights and session.recorder.wants(site):
-            return _attend(session, site, module, query, key, value, attention_mask, **kwargs)
-        break
+        if site is not None and session.recorder.needs_weights and session.recorder.wants(site):
+            takers.append((session.recorder, site))
+    if takers:
+        return _attend(takers, delegate, module, query, key, value, attention_mask, **kwargs)
     return _backend(delegate, module)(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -228,7 +235,7 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
     recorder.check_layers(layer_counts(sites))
     name = _register(delegate)
     saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
-    session = _Session(model, recorder, delegate)
+    session = _Session(model, recorder)
     token = _ACTIVE.set((*_ACTIVE.get(), session))
     try:
         model.set_attn_implementation(name)

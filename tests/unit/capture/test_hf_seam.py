@@ -1,0 +1,54 @@
+"""Small checks of the HF seam that the architecture matrix does not cover."""
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+import attnprobe as ap
+from tests.conftest import track
+
+
+@pytest.fixture
+def bert():
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=20, attn_implementation="sdpa")
+    return track(BertModel(config).eval())
+
+
+def test_fully_masked_example_is_an_error_and_state_is_restored(bert):
+    ids = torch.randint(5, 50, (2, 4))
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]])
+    with pytest.raises(ap.InputError, match="fully masked"), ap.capture(bert):
+        bert(input_ids=ids, attention_mask=mask)
+    assert bert.config._attn_implementation == "sdpa"
+
+
+def test_nested_captures_each_get_their_layers(bert):
+    ids = torch.randint(5, 50, (1, 5))
+    with ap.capture(bert, layers=[0]) as outer:
+        with ap.capture(bert, layers=[1]) as inner:
+            bert(input_ids=ids)
+        assert bert.config._attn_implementation.startswith("attnprobe_")
+    assert bert.config._attn_implementation == "sdpa"
+    assert inner.maps[0].layers == (1,)
+    assert outer.maps[0].layers == (0,)
+
+
+def test_no_request_means_no_extra_work(bert):
+    ids = torch.randint(5, 50, (1, 5))
+    with torch.no_grad(), ap.capture(bert, keep=False) as cap:
+        out = bert(input_ids=ids).last_hidden_state
+    assert cap.maps == [] and cap.tally.to_frame().empty
+    with torch.no_grad():
+        assert torch.equal(out, bert(input_ids=ids).last_hidden_state)
+
+
+def test_tokens_come_from_the_tokenizer_when_given(bert):
+    class Vocab:
+        def convert_ids_to_tokens(self, ids):
+            return [f"w{i}" for i in ids]
+
+    ids = torch.tensor([[7, 8, 9]])
+    with ap.capture(bert, tokenizer=Vocab()) as cap:
+        bert(input_ids=ids)
+    assert cap.maps[0].query_tokens == ("w7", "w8", "w9")
