@@ -52,7 +52,8 @@ def _is_hf_tokenizer(tokenizer: Any) -> bool:
 def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
            max_length: int | None = None, truncation: bool = False,
            padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """Tokenise a batch; too-long texts are an error unless ``truncation=True``.
+    """Tokenise a batch; too-long texts are an error unless ``truncation=True``, which cuts
+    them the tokenizer's way (special tokens kept).
 
     Returns ``input_ids`` and ``attention_mask`` ``[batch, seq]`` (1 = real token).
     """
@@ -63,43 +64,26 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
         if max_length < 1:
             raise InputError(f"max_length must be positive; got {max_length}")
         limit = min(limit, max_length) if limit else max_length
+    cut = {"truncation": True, "max_length": limit} if truncation and limit else {}
     if _is_hf_tokenizer(tokenizer):
         old_side = tokenizer.padding_side
         tokenizer.padding_side = padding_side
         try:
-            batch = tokenizer(list(texts), padding=True, truncation=False, return_tensors="pt")
+            batch = tokenizer(list(texts), padding=True, return_tensors="pt",
+                              **(cut or {"truncation": False}))
         finally:
             tokenizer.padding_side = old_side
         batch = {k: batch[k] for k in ("input_ids", "attention_mask")}
     else:
         # length limits are checked below, the same way for every tokenizer
-        batch = dict(tokenizer(list(texts), padding_side=padding_side, max_length=_HUGE))
+        batch = dict(tokenizer(list(texts), padding_side=padding_side,
+                               **(cut or {"max_length": _HUGE})))
     lengths = batch["attention_mask"].sum(-1)
     if limit is not None and int(lengths.max()) > limit:
-        if not truncation:
-            i = int(lengths.argmax())
-            raise InputError(f"text {i} has {int(lengths[i])} tokens but the model takes at most "
-                             f"{limit}; pass truncation=True (CLI: --truncate) to cut it")
-        batch = _truncate(batch, limit, padding_side)
+        i = int(lengths.argmax())
+        raise InputError(f"text {i} has {int(lengths[i])} tokens but the model takes at most "
+                         f"{limit}; pass truncation=True (CLI: --truncate) to cut it")
     return batch
-
-
-def _truncate(batch: dict[str, torch.Tensor], limit: int, side: str) -> dict[str, torch.Tensor]:
-    """Keep the first ``limit`` real tokens of each row (special tokens at the end are lost)."""
-    mask = batch["attention_mask"].bool()
-    keep = mask & (mask.long().cumsum(-1) <= limit)
-    rows = []
-    for ids, k in zip(batch["input_ids"], keep, strict=True):
-        rows.append(ids[k])
-    width = max(len(r) for r in rows)
-    pad_id = int(batch["input_ids"][~mask].flatten()[0]) if (~mask).any() else 0
-    ids = torch.full((len(rows), width), pad_id, dtype=batch["input_ids"].dtype)
-    att = torch.zeros((len(rows), width), dtype=batch["attention_mask"].dtype)
-    for i, row in enumerate(rows):
-        span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
-        ids[i, span] = row
-        att[i, span] = 1
-    return {"input_ids": ids, "attention_mask": att}
 
 
 def _model_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -120,9 +104,12 @@ def _batches(n: int, size: int) -> list[slice]:
 
 def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
             layers: Sequence[int] | int | None = None, heads: Sequence[int] | int | None = None,
-            batch_size: int = 16, max_length: int | None = None, truncation: bool = False,
-            padding_side: str = "right") -> list[AttentionMap]:
+            batch_size: int = 16, max_length: int | None = None,
+            truncation: bool = False) -> list[AttentionMap]:
     """Attention maps of each text, padding stripped.
+
+    Batches are padded on the right, so every model numbers the real tokens from 0 and a
+    text's maps do not depend on the other texts of its batch.
 
     Returns:
         ``list[AttentionMap]``: one per text (one per text and attention stack for
@@ -136,7 +123,7 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
     maps: list[AttentionMap] = []
     for span in _batches(len(texts), batch_size):
         batch = encode(model, tokenizer, texts[span], max_length=max_length,
-                       truncation=truncation, padding_side=padding_side)
+                       truncation=truncation)
         ids = [str(i) for i in range(span.start, span.stop)]
         with torch.no_grad(), capture(model, layers=layers, heads=heads, tokenizer=tokenizer,
                                       example_ids=ids) as cap:

@@ -178,11 +178,18 @@ def build(name: str, seed: int = 0) -> transformers.PreTrainedModel:
 
 def build_pair(name: str, seed: int = 0) -> tuple[transformers.PreTrainedModel,
                                                   transformers.PreTrainedModel]:
-    """``(sdpa_model, eager_twin)``: identical weights, separate (deep-copied) configs."""
+    """``(sdpa_model, eager_twin)``: identical weights, separate (deep-copied) configs.
+
+    Only the SDPA model (the one attnprobe captures) is tracked for leftover hooks: since
+    transformers 5, the first ``output_attentions=True`` call installs transformers' own
+    permanent output-capturing forward hooks (``install_output_capuring_hook``) on the eager
+    twin's layers, which the no-hooks guard would report as leaks whenever a test fails
+    while the twin is still alive. attnprobe never touches the twin.
+    """
     model = build(name, seed)
     twin = FAMILIES[name].model(copy.deepcopy(model.config)).eval()
     twin.load_state_dict(model.state_dict())
     assert twin.config is not model.config
     _set(twin, "eager")
     assert model.config._attn_implementation == "sdpa"  # the twin did not switch the original
-    return model, track(twin)
+    return model, twin

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnprobe
-from attnprobe import AttentionMap, EditNotAppliedError, InputError
+from attnprobe import AttentionMap, EditNotAppliedError, InputError, count_hooks
 from attnprobe.heads import default_reducers, summarize
 from attnprobe.loading import TESTED_FAMILIES
 from tests.integration.hf_models import (
@@ -36,6 +36,15 @@ SIDES = ("left", "right")
 NAMES = tuple(FAMILIES)
 ROLE_OUTPUT = {"self": "attentions", "encoder": "encoder_attentions",
                "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_every_tested_family_has_a_builder():
@@ -110,23 +119,23 @@ def by_role(maps, name):
     return dict(grouped)
 
 
-def eager_weights(twin, inputs):
-    """Per role, per example: the eager twin's weights ``[layer, head, q, k]``, real tokens only."""
+def eager_weights(twin, inputs, masks_from=None):
+    """Per role, per example: the eager twin's weights ``[layer, head, q, k]``, real tokens only
+    (real tokens as given by the masks of ``masks_from``, by default ``inputs``)."""
     with torch.no_grad():
         out = twin(**inputs, output_attentions=True)
     expected = {}
-    for role in (roles_of_output(out)):
+    for role in roles_of_output(out):
         layers = getattr(out, ROLE_OUTPUT[role])
         assert len(layers) == N_LAYERS
-        q_mask, k_mask = _masks(inputs, role)
+        q_mask, k_mask = _masks(masks_from or inputs, role)
         expected[role] = [torch.stack([a[b] for a in layers])[:, :, q_mask[b]][..., k_mask[b]]
                           for b in range(q_mask.shape[0])]
     return expected
 
 
 def roles_of_output(out):
-    return ("encoder", "decoder", "cross") if hasattr(out, "cross_attentions") \
-        and out.cross_attentions is not None else ("self",)
+    return ("encoder", "decoder", "cross") if hasattr(out, "encoder_attentions") else ("self",)
 
 
 def captured(model, inputs, **kwargs):
@@ -192,10 +201,40 @@ def test_captured_weights_equal_eager_twin(name, side):
             assert len(amap.query_tokens) == int(q_mask[b].sum())
             assert len(amap.key_tokens) == int(k_mask[b].sum())
             assert amap.query_tokens == tuple(str(int(i)) for i in q_ids[b][q_mask[b]])
+            k_ids = inputs["input_ids" if role != "decoder" else "decoder_input_ids"]
+            assert amap.key_tokens == tuple(str(int(i)) for i in k_ids[b][k_mask[b]])
             assert torch.allclose(amap.pattern.sum(-1), torch.ones(()), atol=1e-5)
     # the random models are not trivially uniform, so these comparisons mean something
     spread = max(m.pattern.max().item() for m in cap.maps)
     assert spread > 0.5
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_capture_of_an_eager_model(name):
+    """A model already set to eager: the seam delegates to eager (additive float masks)."""
+    _, twin = build_pair(name)
+    inputs = make_inputs(name, "left")
+    expected = eager_weights(twin, inputs)
+    with torch.no_grad():
+        ref = twin(**inputs)
+    cap, out = captured(twin, inputs)
+    assert implementations(twin) == {"eager"}
+    assert_outputs_close(name, out, ref, inputs)
+    assert_maps_match(by_role(cap.maps, name), expected)
+
+
+@pytest.mark.parametrize("name", ("bert", "llama", "t5"))
+def test_two_forward_calls_in_one_context(name):
+    model, twin = build_pair(name)
+    first, second = make_inputs(name, "right"), make_inputs(name, "left")
+    with torch.no_grad(), attnprobe.capture(model) as cap:
+        model(**first)
+        model(**second)
+    n = len(LENGTHS)
+    assert [m.example_id for m in cap.maps][::len(roles(name))] == [str(i) for i in range(2 * n)]
+    k = n * len(roles(name))
+    assert_maps_match(by_role(cap.maps[:k], name), eager_weights(twin, first))
+    assert_maps_match(by_role(cap.maps[k:], name), eager_weights(twin, second))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -208,7 +247,7 @@ def test_unpadded_batch_without_attention_mask(name):
         ref = model(**inputs)
     cap, out = captured(model, inputs)
     assert_outputs_close(name, out, ref, full)
-    assert_maps_match(by_role(cap.maps, name), eager_weights(twin, inputs))
+    assert_maps_match(by_role(cap.maps, name), eager_weights(twin, inputs, masks_from=full))
 
 
 def test_mistral_sliding_window_matters():
@@ -296,7 +335,11 @@ def test_attention_implementation_restored(name):
 def test_layer_and_head_selection(name, side):
     model, twin = build_pair(name)
     inputs = make_inputs(name, side)
-    cap, _ = captured(model, inputs, layers=[1], heads=[2])
+    with torch.no_grad():
+        ref = model(**inputs)
+    cap, out = captured(model, inputs, layers=[1], heads=[2])
+    assert_outputs_close(name, out, ref, inputs)
+    assert {s.layer for s in cap.sites} == {1}
     maps = by_role(cap.maps, name)
     expected = eager_weights(twin, inputs)
     for role, group in maps.items():
@@ -310,11 +353,12 @@ def test_layer_and_head_selection(name, side):
             assert (amap.head(1, 2) - want[0, 0]).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("layers", [[5], [2], [-1], []])
 @pytest.mark.parametrize("name", NAMES)
-def test_out_of_range_layer_raises_before_running(name):
+def test_out_of_range_layer_raises_before_running(name, layers):
     model = build(name)
     ran = []
-    with pytest.raises(InputError, match="layers"), attnprobe.capture(model, layers=[5]):
+    with pytest.raises(InputError, match="layers"), attnprobe.capture(model, layers=layers):
         ran.append(True)
     assert not ran
     assert implementations(model) == {"sdpa"}
@@ -356,6 +400,8 @@ def test_head_ablation_edit(name, side):
         ref = model(**inputs)
     cap, out = captured(model, inputs, edit=_ablate_layer0_head0)
 
+    eager_weights(twin, inputs)  # let transformers install its own output-capturing hooks
+    before = count_hooks(twin)
     handles = [twin.get_submodule(path).register_forward_pre_hook(_zero_head0_inputs)
                for path in FAMILIES[name].out_proj]
     try:
@@ -365,6 +411,7 @@ def test_head_ablation_edit(name, side):
     finally:
         for handle in handles:
             handle.remove()
+    assert count_hooks(twin) == before
     for role in expected:  # the eager twin reports the weights before the (hooked) ablation
         for want in expected[role]:
             want[0, 0] = 0.0
@@ -422,3 +469,18 @@ def test_streaming_reducers_equal_kept_maps(name, side):
     assert {"entropy", "max_weight", "prev", "self", "next", "key[0]"} <= set(stats)
     diff = (streamed[stats] - kept[stats]).abs().max().max()
     assert diff <= 1e-6, f"streamed vs kept summary differ by {diff:.3g}"
+
+
+@pytest.mark.parametrize("name", ("bert", "gpt2", "mistral", "t5"))
+def test_streaming_reducers_without_attention_mask(name):
+    """Mask-free SDPA (``is_causal``): the blocked rows must rebuild the causal mask."""
+    model = build(name)
+    full = make_inputs(name, "right", lengths=(9, 9, 9), dec_lengths=(6, 6, 6))
+    inputs = {k: v for k, v in full.items() if "attention_mask" not in k}
+    cap_kept, _ = captured(model, inputs)
+    cap_stream, _ = captured(model, inputs, keep=False, reducers=default_reducers(),
+                             query_block=2)
+    streamed = _summary_sorted(cap_stream.tally.summary())
+    kept = _summary_sorted(summarize(cap_kept.maps))
+    stats = [c for c in kept.columns if c not in ("stack", "kind", "layer", "head", "head_id")]
+    assert (streamed[stats] - kept[stats]).abs().max().max() <= 1e-6

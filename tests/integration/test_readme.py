@@ -9,7 +9,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_readme_python_example_runs():
     block = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
     namespace: dict = {}
-    exec(compile(block, str(README), "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(block, str(README), "exec"), namespace)
     assert namespace["amap"].pattern.shape == (6, 12, 9, 9)
     assert namespace["cap"].edits["max_abs_change"].iloc[0] > 0
     summary = namespace["tally"].summary()
