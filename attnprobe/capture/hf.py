@@ -19,6 +19,7 @@ restored on exit.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -183,17 +184,35 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     return _backend(delegate, module)(module, query, key, value, attention_mask, **kwargs)
 
 
-def _register(delegate: str) -> str:
-    """Register ``attnprobe_<delegate>`` (function + mask function) once; return its name."""
+_REGISTERED: dict[str, int] = {}  # name -> number of open contexts using it
+_REGISTRY_LOCK = threading.Lock()
+
+
+@contextmanager
+def _registered(delegate: str) -> Iterator[str]:
+    """Register ``attnprobe_<delegate>`` (attention + mask function) while any context needs it.
+
+    transformers has no public unregister; removal uses the class-wide mapping that
+    ``register`` writes to (and that masking_utils itself reads).
+    """
     transformers = require("transformers")
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     name = PREFIX + delegate
-    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        transformers.AttentionInterface.register(name, partial(attnprobe_attention,
-                                                               delegate=delegate))
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[delegate])
-    return name
+    with _REGISTRY_LOCK:
+        if not _REGISTERED.get(name):
+            transformers.AttentionInterface.register(
+                name, partial(attnprobe_attention, delegate=delegate))
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[delegate])
+        _REGISTERED[name] = _REGISTERED.get(name, 0) + 1
+    try:
+        yield name
+    finally:
+        with _REGISTRY_LOCK:
+            _REGISTERED[name] -= 1
+            if not _REGISTERED[name]:
+                transformers.AttentionInterface._global_mapping.pop(name, None)
+                AttentionMaskInterface._global_mapping.pop(name, None)
 
 
 def is_hf_model(model: nn.Module) -> bool:
@@ -233,18 +252,18 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
         raise AttentionUnavailableError(
             f"no attention modules found in {type(model).__name__}; pass paths=[...]")
     recorder.check_layers(layer_counts(sites))
-    name = _register(delegate)
     saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
     session = _Session(model, recorder)
-    token = _ACTIVE.set((*_ACTIVE.get(), session))
-    try:
-        model.set_attn_implementation(name)
-        if model.config._attn_implementation != name:
-            raise AttentionUnavailableError(
-                f"{type(model).__name__} does not route attention through transformers' "
-                "AttentionInterface; capture it with paths=[...] instead")
-        yield [s for s in sites if recorder.wants(s)]
-    finally:
-        _ACTIVE.reset(token)
-        for config, implementation in saved:
-            config._attn_implementation_internal = implementation
+    with _registered(delegate) as name:
+        token = _ACTIVE.set((*_ACTIVE.get(), session))
+        try:
+            model.set_attn_implementation(name)
+            if model.config._attn_implementation != name:
+                raise AttentionUnavailableError(
+                    f"{type(model).__name__} does not route attention through transformers' "
+                    "AttentionInterface; capture it with paths=[...] instead")
+            yield [s for s in sites if recorder.wants(s)]
+        finally:
+            _ACTIVE.reset(token)
+            for config, implementation in saved:
+                config._attn_implementation_internal = implementation

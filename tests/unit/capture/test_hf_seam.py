@@ -52,3 +52,19 @@ def test_tokens_come_from_the_tokenizer_when_given(bert):
     with ap.capture(bert, tokenizer=Vocab()) as cap:
         bert(input_ids=ids)
     assert cap.maps[0].query_tokens == ("w7", "w8", "w9")
+
+
+def test_registrations_are_removed_on_exit(bert):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    ids = torch.randint(5, 50, (1, 4))
+    with ap.capture(bert):
+        assert "attnprobe_sdpa" in AttentionInterface._global_mapping
+        assert "attnprobe_sdpa" in AttentionMaskInterface._global_mapping
+        bert(input_ids=ids)
+    assert "attnprobe_sdpa" not in AttentionInterface._global_mapping
+    assert "attnprobe_sdpa" not in AttentionMaskInterface._global_mapping
+    with pytest.raises(RuntimeError), ap.capture(bert):
+        raise RuntimeError("inside")
+    assert "attnprobe_sdpa" not in AttentionInterface._global_mapping
