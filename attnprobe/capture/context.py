@@ -15,6 +15,7 @@ from attnprobe.capture import hf, hooks
 from attnprobe.capture.info import model_info
 from attnprobe.capture.recorder import EditFn, Recorder
 from attnprobe.capture.sites import Site
+from attnprobe.errors import InputError
 from attnprobe.heads.reducers import Reducer, Tally
 from attnprobe.types import AttentionMap
 
@@ -84,7 +85,7 @@ def _causal(model: nn.Module, sites: Sequence[Site]) -> bool | None:
 def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             heads: Sequence[int] | int | None = None, paths: Sequence[str] | None = None,
             keep: bool = True, reducers: Sequence[Reducer] | None = None,
-            edit: EditFn | None = None, tokenizer: Any = None,
+            edit: EditFn | None = None, scores: bool = False, tokenizer: Any = None,
             example_ids: Sequence[str] | None = None,
             query_block: int | None = None) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
@@ -101,6 +102,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         reducers: streaming statistics (``attnprobe.heads.reducers``) fed as weights appear.
         edit: ``edit(layer, pattern) -> pattern`` applied to requested layers between the
             softmax and the values; the context checks it changed something.
+        scores: also keep pre-softmax scores (``AttentionMap.scores``); needs
+            ``hook_scores`` modules next to the patterns, as attnprobe's reference models have.
         tokenizer: used to turn ids into token strings (``convert_ids_to_tokens``).
 
     Yields:
@@ -117,10 +120,13 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
     use_hf = paths is None and hf.is_hf_model(model)
     with ExitStack() as stack:
         if use_hf:
+            if scores:
+                raise InputError("scores=True works on models with hook_scores modules "
+                                 "(reference models); transformers models expose only weights")
             sites = stack.enter_context(hf.hf_seam(model, recorder))
             implementation = "eager (attnprobe seam)"
         else:
-            sites = stack.enter_context(hooks.path_seam(model, recorder, paths))
+            sites = stack.enter_context(hooks.path_seam(model, recorder, paths, scores=scores))
             implementation = "hooks"
         handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
         stack.callback(handle.remove)

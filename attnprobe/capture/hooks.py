@@ -20,6 +20,7 @@ from attnprobe.capture.sites import Site, layer_counts, site_for_path
 from attnprobe.errors import AttentionUnavailableError, InputError
 
 PATTERN_SUFFIX = "hook_pattern"
+SCORES_SUFFIX = "hook_scores"
 
 
 def count_hooks(model: nn.Module) -> int:
@@ -60,10 +61,30 @@ def _hook(recorder: Recorder, site: Site):
     return on_output
 
 
+def _scores_hook(recorder: Recorder, site: Site):
+    def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        recorder.consume_scores(site, output)
+
+    return on_output
+
+
+def scores_path(model: nn.Module, pattern_path: str) -> str:
+    """The ``hook_scores`` sibling of a ``hook_pattern`` path; error if the model has none."""
+    head = pattern_path.rpartition(".")[0]
+    path = f"{head}.{SCORES_SUFFIX}" if head else SCORES_SUFFIX
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        raise InputError(f"scores=True needs a {SCORES_SUFFIX} module next to {pattern_path}; "
+                         f"{type(model).__name__} has none at {path}") from None
+    return path
+
+
 @contextmanager
-def path_seam(model: nn.Module, recorder: Recorder,
-              paths: Sequence[str] | None) -> Iterator[list[Site]]:
-    """Hook each pattern-producing module; handles are removed even if the forward raises."""
+def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None, *,
+              scores: bool = False) -> Iterator[list[Site]]:
+    """Hook each pattern-producing module (and optionally its ``hook_scores`` sibling);
+    handles are removed even if the forward raises."""
     paths = list(paths) if paths is not None else hook_point_paths(model)
     if not paths:
         raise AttentionUnavailableError(
@@ -78,6 +99,9 @@ def path_seam(model: nn.Module, recorder: Recorder,
             for site in wanted:
                 module = model.get_submodule(site.path)
                 handles.append(module.register_forward_hook(_hook(recorder, site)))
+                if scores:
+                    sibling = model.get_submodule(scores_path(model, site.path))
+                    handles.append(sibling.register_forward_hook(_scores_hook(recorder, site)))
         yield wanted
     finally:
         for handle in handles:

@@ -35,6 +35,7 @@ class ForwardCall:
     ids: dict[Side, torch.Tensor | None]
     valid: dict[Side, torch.Tensor | None]
     patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
+    scores: dict[Site, torch.Tensor] = field(default_factory=dict)
 
     def valid_mask(self, side: Side, batch: int, length: int) -> torch.Tensor:
         """``[batch, length]`` bool real-token mask; all True when unknown or mismatched."""
@@ -142,6 +143,11 @@ class Recorder:
         self.edit_changes[site] = max(self.edit_changes.get(site, 0.0), change)
         return edited
 
+    def consume_scores(self, site: Site, scores: torch.Tensor) -> None:
+        """Keep pre-softmax scores ``[batch, head, query, key]`` of a site (hook points only)."""
+        heads = self.head_index(scores.shape[1], site)
+        self.current.scores[site] = scores[:, list(heads)].detach().to("cpu", torch.float32)
+
     def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
                 q_total: int | None = None) -> None:
         """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``."""
@@ -221,6 +227,9 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, info: ModelInfo,
     k_valid = call.valid_mask(sites[0].key_side, first.shape[0], k_len)[b]
     # [layer, head, query, key] for this example, real tokens only
     pattern = torch.stack([call.patterns[s][b] for s in sites])[:, :, q_valid][..., k_valid]
+    scores = None
+    if all(s in call.scores for s in sites):
+        scores = torch.stack([call.scores[s][b] for s in sites])[:, :, q_valid][..., k_valid]
     heads_of = {p.shape[1] for p in (call.patterns[s] for s in sites)}
     if len(heads_of) != 1:
         raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
@@ -230,6 +239,7 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, info: ModelInfo,
         key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, tokens_of)),
         layers=tuple(s.layer for s in sites),
         heads=heads,
+        scores=scores,
         kind=sites[0].kind,
         stack=sites[0].stack,
         info=info,

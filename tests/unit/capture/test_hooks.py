@@ -178,3 +178,20 @@ def test_streaming_reducers_match_kept_maps(ref):
     assert a.columns.tolist() == b.columns.tolist()
     numeric = a.select_dtypes("number").columns
     assert (a[numeric] - b[numeric]).abs().max().max() < 1e-6
+
+
+def test_scores_come_with_patterns_on_reference_models(ref):
+    model, tok = ref
+    batch = tok(["the cat sat on the mat", "a dog"])
+    with ap.capture(model, scores=True, layers=[0], heads=[1]) as cap:
+        model(**batch)
+    short = cap.maps[1]
+    assert short.scores is not None and short.scores.shape == short.pattern.shape
+    # causal softmax of the kept scores gives back the kept pattern
+    n = short.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    recomputed = torch.softmax(short.scores[0, 0].masked_fill(~causal, float("-inf")), -1)
+    assert torch.allclose(recomputed, short.pattern[0, 0], atol=1e-6)
+    with pytest.raises(ap.InputError, match="hook_scores"), \
+            ap.capture(TinyLens(), paths=["blocks.0.attn.hook_pattern"], scores=True):
+        pass
