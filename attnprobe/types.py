@@ -129,10 +129,11 @@ class AttentionMap:
             raise InputError("an attention map needs at least one query and one key token")
         if self.kind not in ("self", "cross"):
             raise InputError(f"kind must be 'self' or 'cross'; got {self.kind!r}")
-        if not torch.isfinite(p).all():
+        row_sums = p.sum(-1)  # any NaN or inf in a row shows in its sum
+        if not torch.isfinite(row_sums).all():
             raise InputError("pattern contains NaN or inf (a fully masked query row?)")
         if self.check_rows:
-            worst = (p.sum(-1) - 1).abs().max().item()
+            worst = (row_sums - 1).abs().max().item()
             if worst > 1e-3:
                 raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}); "
                                  "pass check_rows=False for edited maps")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -26,16 +27,25 @@ class Capture:
 
     Attributes:
         maps: one :class:`AttentionMap` per example (and per attention stack), padding
-            stripped; empty when ``keep=False``.
+            stripped; empty when ``keep=False``. Assembled on first access, so a caller who
+            only needs ``tally`` never pays for cutting per-example maps.
         tally: mergeable sums of the streaming reducers.
         sites: the attention sites that were captured.
         edits: per edited site, the largest change the edit made to the pattern.
     """
 
-    maps: list[AttentionMap] = field(default_factory=list)
     tally: Tally = field(default_factory=Tally)
     sites: list[Site] = field(default_factory=list)
     edits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    _assemble: Callable[[], list[AttentionMap]] | None = field(default=None, repr=False)
+    _maps: list[AttentionMap] | None = field(default=None, repr=False)
+
+    @property
+    def maps(self) -> list[AttentionMap]:
+        if self._maps is None:
+            self._maps = self._assemble() if self._assemble is not None else []
+            self._assemble = None
+        return self._maps
 
     @property
     def stats(self) -> pd.DataFrame:
@@ -98,7 +108,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         paths: module paths whose outputs are ``[batch, head, query, key]`` patterns
             (e.g. ``blocks.0.attn.hook_pattern`` of a TransformerLens model).
         keep: keep the maps (``cap.maps``). With ``keep=False`` only ``reducers`` run, on
-            blocks of ``query_block`` rows, so memory stays flat for long inputs.
+            blocks of query rows (``query_block`` rows, or as many as fit in 16 MiB), so
+            memory stays flat for long inputs.
         reducers: streaming statistics (``attnprobe.heads.reducers``) fed as weights appear.
         edit: ``edit(layer, pattern) -> pattern`` applied to requested layers between the
             softmax and the values; the context checks it changed something.
@@ -138,8 +149,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
                       n_layers=1 + max((s.layer for s in sites), default=-1),
                       n_heads=kept[0].shape[1] if kept and recorder.heads is None else 0,
                       causal=_causal(model, sites))
-    result.maps = recorder.build_maps(info, (lambda ids: tokens_of(ids.tolist()))
-                                      if tokens_of else None, example_ids)
+    to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
+    result._assemble = partial(recorder.build_maps, info, to_tokens, example_ids)
     result.tally = recorder.tally
     result.sites = list(sites)
     result.edits = recorder.edits_frame()

@@ -36,7 +36,7 @@ from attnprobe.errors import AttentionUnavailableError, InputError
 
 PREFIX = "attnprobe_"
 DELEGATES = ("sdpa", "eager")  # original backends we can hand unrequested layers to
-DEFAULT_QUERY_BLOCK = 512
+BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever the input length
 
 
 class _Session:
@@ -148,7 +148,8 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
         return eager(module, query[:, :, rows], key, value, mask, **extra)
 
     whole = any(r.keep or r.edit is not None for r, _ in takers)
-    block = min(r.query_block or DEFAULT_QUERY_BLOCK for r, _ in takers)
+    auto = max(1, BLOCK_BYTES // (batch * query.shape[1] * k_len * query.element_size()))
+    block = min(r.query_block or auto for r, _ in takers)
     if whole or q_len <= block:
         output, weights = run(slice(0, q_len))
         edited = False

@@ -187,26 +187,48 @@ class Recorder:
 
     def build_maps(self, info: ModelInfo, tokens_of: Callable[[torch.Tensor], list[str]] | None,
                    example_ids: Sequence[str] | None = None) -> list[AttentionMap]:
-        """Per call, per example, per (stack, kind): one padding-stripped AttentionMap."""
+        """Per call, per example, per (stack, kind): one padding-stripped AttentionMap.
+
+        Each group's layers are stacked once per call (the kept per-layer tensors are released
+        as they are stacked); examples are cut out with slices when their tokens are contiguous.
+        """
         maps: list[AttentionMap] = []
         n_example = 0
         for call in self.calls:
             groups: dict[tuple[str, str], list[Site]] = {}
-            for site in call.patterns:
+            for site in sorted(call.patterns, key=lambda s: s.layer):
                 groups.setdefault((site.stack, site.kind), []).append(site)
-            if not groups:
-                continue
-            batch = next(iter(call.patterns.values())).shape[0]
+            stacked = {key: _stack_group(call, sites) for key, sites in groups.items()}
+            batch = next(iter(stacked.values()))[0].shape[0] if stacked else 0
             for b in range(batch):
                 example_id = (example_ids[n_example] if example_ids and n_example < len(example_ids)
                               else str(n_example))
                 n_example += 1
-                for sites in groups.values():
-                    sites = sorted(sites, key=lambda s: s.layer)
-                    maps.append(_example_map(call, sites, b, info, tokens_of, example_id,
-                                             heads=self.kept_heads[sites[0]],
+                for key, sites in groups.items():
+                    pattern, scores = stacked[key]
+                    maps.append(_example_map(call, sites, b, pattern, scores, info, tokens_of,
+                                             example_id, heads=self.kept_heads[sites[0]],
                                              edited=any(s in self.edit_changes for s in sites)))
         return maps
+
+
+def _stack_group(call: ForwardCall, sites: list[Site]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[batch, layer, head, query, key]`` of one (stack, kind), and its scores if kept."""
+    heads_of = {call.patterns[s].shape[1] for s in sites}
+    if len(heads_of) != 1:
+        raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
+    pattern = torch.stack([call.patterns.pop(s) for s in sites], dim=1)
+    scores = None
+    if all(s in call.scores for s in sites):
+        scores = torch.stack([call.scores.pop(s) for s in sites], dim=1)
+    return pattern, scores
+
+
+def _cut(valid: torch.Tensor) -> slice | torch.Tensor:
+    """Index of the real tokens: a slice when they are contiguous (left/right padding)."""
+    where = valid.nonzero().flatten()
+    first, last = int(where[0]), int(where[-1])
+    return slice(first, last + 1) if last - first + 1 == len(where) else valid
 
 
 def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor,
@@ -218,28 +240,25 @@ def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor,
     return tokens_of(real) if tokens_of else [str(int(i)) for i in real]
 
 
-def _example_map(call: ForwardCall, sites: list[Site], b: int, info: ModelInfo,
-                 tokens_of: Any, example_id: str, *, heads: tuple[int, ...],
-                 edited: bool) -> AttentionMap:
-    first = call.patterns[sites[0]]
-    _, _, q_len, k_len = first.shape
-    q_valid = call.valid_mask(sites[0].side, first.shape[0], q_len)[b]
-    k_valid = call.valid_mask(sites[0].key_side, first.shape[0], k_len)[b]
-    # [layer, head, query, key] for this example, real tokens only
-    pattern = torch.stack([call.patterns[s][b] for s in sites])[:, :, q_valid][..., k_valid]
-    scores = None
-    if all(s in call.scores for s in sites):
-        scores = torch.stack([call.scores[s][b] for s in sites])[:, :, q_valid][..., k_valid]
-    heads_of = {p.shape[1] for p in (call.patterns[s] for s in sites)}
-    if len(heads_of) != 1:
-        raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
+def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Tensor,
+                 scores: torch.Tensor | None, info: ModelInfo, tokens_of: Any, example_id: str,
+                 *, heads: tuple[int, ...], edited: bool) -> AttentionMap:
+    """Cut example ``b`` out of ``[batch, layer, head, query, key]``, real tokens only."""
+    batch, _, _, q_len, k_len = pattern.shape
+    q_valid = call.valid_mask(sites[0].side, batch, q_len)[b]
+    k_valid = call.valid_mask(sites[0].key_side, batch, k_len)[b]
+    q_cut, k_cut = _cut(q_valid), _cut(k_valid)
+
+    def crop(x: torch.Tensor) -> torch.Tensor:
+        return x[b][:, :, q_cut][..., k_cut]
+
     return AttentionMap(
-        pattern=pattern,
+        pattern=crop(pattern),
         query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, tokens_of)),
         key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, tokens_of)),
         layers=tuple(s.layer for s in sites),
         heads=heads,
-        scores=scores,
+        scores=None if scores is None else crop(scores),
         kind=sites[0].kind,
         stack=sites[0].stack,
         info=info,

@@ -71,12 +71,12 @@ class Entropy:
     name: str = "entropy"
 
     def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
-        a = block.pattern.to(torch.float64)
+        a = block.pattern
         if self.smoothing:
             real = (block.key_pos >= 0)[:, None, None, :].to(a.dtype)
-            uniform = real / block.key_len[:, None, None, None]
+            uniform = real / block.key_len[:, None, None, None].to(a.dtype)
             a = (1 - self.smoothing) * a + self.smoothing * uniform
-        h = -torch.special.xlogy(a, a).sum(-1)
+        h = -torch.special.xlogy(a, a).sum(-1, dtype=torch.float64)
         return {self.name: block.masked_row_sum(h)}
 
 
