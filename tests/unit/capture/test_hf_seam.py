@@ -68,3 +68,19 @@ def test_registrations_are_removed_on_exit(bert):
     with pytest.raises(RuntimeError), ap.capture(bert):
         raise RuntimeError("inside")
     assert "attnprobe_sdpa" not in AttentionInterface._global_mapping
+
+
+def test_a_real_query_row_with_no_open_key_is_an_error():
+    from attnprobe.capture.hf import _additive_rows, _check_rows
+    from attnprobe.capture.sites import Site
+
+    site = Site(path="layers.0.attn", stack="layers", kind="self", layer=0)
+    allowed = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    allowed[0, 0, 2] = False  # query 2 may attend to nothing
+    additive = _additive_rows(allowed, slice(0, 3), 3, 3, False, torch.float32, "cpu")
+    _check_rows(additive, torch.tensor([[True, True, False]]), site)  # a padding row: fine
+    with pytest.raises(ap.InputError, match=r"query 2 of example 0 at layers\.0\.attn"):
+        _check_rows(additive, torch.tensor([[True, True, True]]), site)
+    causal = _additive_rows(None, slice(1, 3), 3, 3, True, torch.float32, "cpu")
+    assert causal.shape == (1, 1, 2, 3)
+    assert torch.equal(causal[0, 0] == 0, torch.tensor([[True, True, False], [True, True, True]]))
