@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	$(VENV)/bin/attnprobe extract --model minilm --text-file analyses/data/demo_sentences.txt \
-		--out runs/demo/maps.npz
+		--out runs/demo/maps.npz --show 80
 
 test: setup
 	$(PY) -m pytest -q
