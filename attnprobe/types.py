@@ -45,7 +45,7 @@ class ModelInfo:
     arch: str
     n_layers: int
     n_heads: int
-    causal: bool
+    causal: bool | None  # None: unknown (a plain module with no config)
     attn_implementation: str = "unknown"
     dtype: str = "float32"
     versions: dict[str, str] = field(default_factory=dict)
@@ -64,6 +64,9 @@ def _indices(name: str, wanted: int | list[int] | tuple[int, ...] | None,
     if wanted is None:
         return list(range(len(available)))
     wanted = [wanted] if isinstance(wanted, int) else list(wanted)
+    if not wanted or len(set(wanted)) != len(wanted) or any(
+            isinstance(w, bool) or not isinstance(w, int) for w in wanted):
+        raise InputError(f"{name} must be distinct integers (None for all); got {wanted}")
     missing = [w for w in wanted if w not in available]
     if missing:
         raise InputError(f"{name} {missing} not available; this map has {name} {list(available)}")
@@ -127,12 +130,20 @@ class AttentionMap:
                              f"query tokens, key tokens] = {expected}")
         if len(self.query_tokens) == 0 or len(self.key_tokens) == 0:
             raise InputError("an attention map needs at least one query and one key token")
+        if not isinstance(self.info, ModelInfo):
+            raise InputError(f"info must be a ModelInfo; got {type(self.info).__name__}")
+        for name, values in (("layers", self.layers), ("heads", self.heads)):
+            if len(set(values)) != len(values) or any(v < 0 for v in values):
+                raise InputError(f"{name} must be distinct non-negative indices; got {values}")
         if self.kind not in ("self", "cross"):
             raise InputError(f"kind must be 'self' or 'cross'; got {self.kind!r}")
         row_sums = p.sum(-1)  # any NaN or inf in a row shows in its sum
         if not torch.isfinite(row_sums).all():
             raise InputError("pattern contains NaN or inf (a fully masked query row?)")
         if self.check_rows:
+            if (p < 0).any():
+                raise InputError("pattern has negative weights; pass check_rows=False for "
+                                 "edited maps")
             worst = (row_sums - 1).abs().max().item()
             if worst > 1e-3:
                 raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}); "
@@ -154,7 +165,8 @@ class AttentionMap:
         """A new map restricted to the given model layer / head indices."""
         li = _indices("layers", layers, self.layers)
         hi = _indices("heads", heads, self.heads)
-        pick = (torch.tensor(li)[:, None], torch.tensor(hi)[None, :])
+        pick = (torch.tensor(li, dtype=torch.long)[:, None],
+                torch.tensor(hi, dtype=torch.long)[None, :])
         return replace(
             self,
             pattern=self.pattern[pick],
@@ -212,7 +224,7 @@ class AttentionMap:
 
 def _paths(path: str | Path) -> tuple[Path, Path]:
     path = Path(path)
-    npz = path if path.suffix == ".npz" else path.with_suffix(".npz")
+    npz = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
     return npz, npz.with_suffix(".json")
 
 

@@ -67,8 +67,10 @@ def _record_inputs(recorder: Recorder) -> Callable[..., None]:
     def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
         ids = _tensor_arg(args, kwargs, "input_ids", 0)
         mask = _tensor_arg(args, kwargs, "attention_mask", 1)
+        # with a KV cache the mask also covers the cached tokens, so it may be longer than ids
         if not (isinstance(mask, torch.Tensor) and mask.ndim == 2
-                and (not isinstance(ids, torch.Tensor) or mask.shape == ids.shape)):
+                and (not isinstance(ids, torch.Tensor) or ids.ndim != 2
+                     or (mask.shape[0] == ids.shape[0] and mask.shape[1] >= ids.shape[1]))):
             mask = None
         dec_ids = kwargs.get("decoder_input_ids")
         dec_mask = kwargs.get("decoder_attention_mask")
@@ -144,11 +146,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         yield result
     recorder.finish(sites)
     tokens_of = getattr(tokenizer, "convert_ids_to_tokens", None)
-    kept = [p for call in recorder.calls for p in call.patterns.values()]
-    info = model_info(model, implementation=implementation,
-                      n_layers=1 + max((s.layer for s in sites), default=-1),
-                      n_heads=kept[0].shape[1] if kept and recorder.heads is None else 0,
-                      causal=_causal(model, sites))
+    info = model_info(model, implementation=implementation, n_layers=recorder.n_layers,
+                      n_heads=recorder.n_heads, causal=_causal(model, sites))
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
     result._assemble = partial(recorder.build_maps, info, to_tokens, example_ids)
     result.tally = recorder.tally

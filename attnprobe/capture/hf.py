@@ -42,13 +42,11 @@ BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever th
 class _Session:
     """One active capture on one model: which module is which site, and the recorder."""
 
-    def __init__(self, model: nn.Module, recorder: Recorder) -> None:
-        encdec = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    def __init__(self, model: nn.Module, recorder: Recorder, sites: list[Site]) -> None:
         self.recorder = recorder
-        self.sites = {id(mod): site_for_path(path, mod, encoder_decoder=encdec)
-                      for path, mod in attention_modules(model).items()}
+        self.sites = {id(model.get_submodule(site.path)): site for site in sites}
         self.paths = {id(mod): path for path, mod in model.named_modules()}
-        self.encdec = encdec
+        self.encdec = bool(getattr(model.config, "is_encoder_decoder", False))
 
     def site_of(self, module: nn.Module) -> Site | None:
         site = self.sites.get(id(module))
@@ -134,6 +132,10 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     else:
         causal = False
     kwargs.pop("is_causal", None)
+    # Weights are captured (and edited) before dropout; dropout, when training, is applied
+    # here on the way to the values, as eager would.
+    dropout = float(kwargs.pop("dropout", 0.0) or 0.0) if module.training else 0.0
+    kwargs.pop("dropout", None)
     eager = _eager_of(module)
     q_valid = recorder.query_valid(site, batch, q_len)
     position_bias = kwargs.pop("position_bias", None)
@@ -145,9 +147,9 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
         if position_bias is not None:
             extra["position_bias"] = position_bias[..., rows, :] \
                 if position_bias.shape[-2] == q_len else position_bias
-        return eager(module, query[:, :, rows], key, value, mask, **extra)
+        return eager(module, query[:, :, rows], key, value, mask, dropout=0.0, **extra)
 
-    whole = any(r.keep or r.edit is not None for r, _ in takers)
+    whole = any(r.keep or r.edit is not None for r, _ in takers) or dropout > 0
     auto = max(1, BLOCK_BYTES // (batch * query.shape[1] * k_len * query.element_size()))
     block = min(r.query_block or auto for r, _ in takers)
     if whole or q_len <= block:
@@ -158,8 +160,10 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
                 weights = taker.apply_edit(taker_site, weights)
                 edited = True
             taker.consume(taker_site, weights, 0, q_len)
-        if edited:
-            output = _weights_times_values(weights, value)
+        if edited or dropout > 0:
+            dropped = nn.functional.dropout(weights, p=dropout, training=True) if dropout \
+                else weights
+            output = _weights_times_values(dropped, value)
         return output, weights
     outputs = []
     for start in range(0, q_len, block):
@@ -254,7 +258,7 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
             f"no attention modules found in {type(model).__name__}; pass paths=[...]")
     recorder.check_layers(layer_counts(sites))
     saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
-    session = _Session(model, recorder)
+    session = _Session(model, recorder, sites)
     with _registered(delegate) as name:
         token = _ACTIVE.set((*_ACTIVE.get(), session))
         try:

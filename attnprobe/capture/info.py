@@ -35,7 +35,7 @@ def _dtype(model: nn.Module) -> str:
 
 def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_heads: int = 0,
                causal: bool | None = None) -> ModelInfo:
-    """Describe ``model``; explicit counts fill in what its config does not say."""
+    """Describe ``model``; the config wins, the counts seen during capture fill in the rest."""
     config = getattr(model, "config", None)
     name = (getattr(model, "attnprobe_name", None) or getattr(config, "_name_or_path", None)
             or type(model).__name__)
@@ -44,8 +44,9 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
                     default=n_layers)
     heads = _first(config, "num_attention_heads", "num_heads", "n_heads", "n_head",
                    default=n_heads)
-    if causal is None:
-        causal = bool(getattr(config, "causal", getattr(config, "is_decoder", False)))
+    if causal is None:  # unknown when neither the attention modules nor the config say
+        flag = getattr(config, "causal", getattr(config, "is_decoder", None))
+        causal = flag if isinstance(flag, bool) else None
     return ModelInfo(name=str(name), arch=str(arch), n_layers=layers, n_heads=heads,
                      causal=causal, attn_implementation=implementation, dtype=_dtype(model),
                      versions=library_versions())

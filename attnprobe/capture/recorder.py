@@ -38,11 +38,15 @@ class ForwardCall:
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
 
     def valid_mask(self, side: Side, batch: int, length: int) -> torch.Tensor:
-        """``[batch, length]`` bool real-token mask; all True when unknown or mismatched."""
+        """``[batch, length]`` bool real-token mask of the last ``length`` positions.
+
+        With a KV cache the mask covers past and current tokens: keys use all of it, queries
+        its last columns. All True when the model was given no mask.
+        """
         mask = self.valid.get(side)
-        if mask is None or tuple(mask.shape) != (batch, length):
+        if mask is None or mask.shape[0] != batch or mask.shape[1] < length:
             return torch.ones(batch, length, dtype=torch.bool)
-        return mask
+        return mask[:, mask.shape[1] - length:]
 
 
 def _check_indices(name: str, wanted: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -80,6 +84,8 @@ class Recorder:
         self.fired: set[Site] = set()
         self.edit_changes: dict[Site, float] = {}
         self.kept_heads: dict[Site, tuple[int, ...]] = {}
+        self.n_heads = 0  # heads of the model, seen on the first captured tensor
+        self.n_layers = 0  # most layers of any stack, known before the forward
 
     # ------------------------------------------------------------ selection
     @property
@@ -94,28 +100,38 @@ class Recorder:
             return tuple(range(n_heads))
         bad = [h for h in self.heads if h >= n_heads]
         if bad:
+            bad = bad[:5] + (["..."] if len(bad) > 5 else [])
             raise InputError(f"heads {bad} out of range at {site.path}: it has {n_heads} heads "
                              f"(0..{n_heads - 1})")
         return self.heads
 
     def check_layers(self, counts: dict[tuple[str, str], int]) -> None:
         """Raise before any forward when a requested layer exists in no stack."""
+        self.n_layers = max(counts.values(), default=0)
         if self.layers is None or not counts:
             return
-        most = max(counts.values())
-        bad = [layer for layer in self.layers if layer >= most]
+        bad = [layer for layer in self.layers if layer >= self.n_layers]
         if bad:
+            bad = bad[:5] + (["..."] if len(bad) > 5 else [])
             stacks = ", ".join(f"{s or 'model'} ({k}): 0..{n - 1}" for (s, k), n in counts.items())
             raise InputError(f"layers {bad} out of range; layers are {stacks}")
 
     # -------------------------------------------------------------- calls
     def begin_call(self, ids: dict[Side, torch.Tensor | None],
                    valid: dict[Side, torch.Tensor | None]) -> None:
+        """Note one forward's inputs; with a KV cache, prepend the ids seen so far."""
         for _side, mask in valid.items():
             if mask is not None and mask.ndim == 2 and not mask.any(-1).all():
                 empty = (~mask.any(-1)).nonzero().flatten().tolist()
                 raise InputError(f"examples {empty} have no real tokens: every query row is "
                                  "fully masked")
+        if self.calls:
+            for side, current in ids.items():
+                past, mask = self.calls[-1].ids.get(side), valid.get(side)
+                if (current is not None and past is not None and mask is not None
+                        and past.shape[0] == current.shape[0]
+                        and past.shape[1] + current.shape[1] == mask.shape[1]):
+                    ids[side] = torch.cat([past, current], dim=1)
         self.calls.append(ForwardCall(ids=ids, valid=valid))
 
     @property
@@ -153,6 +169,7 @@ class Recorder:
         """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``."""
         self.fired.add(site)
         batch, n_heads, q_block, k_len = pattern.shape
+        self.n_heads = max(self.n_heads, n_heads)
         heads = self.head_index(n_heads, site)
         kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
         if self.reducers:
@@ -160,6 +177,10 @@ class Recorder:
             q_valid = call.valid_mask(site.side, batch, q_total or q_block)
             k_valid = call.valid_mask(site.key_side, batch, k_len)
             rows = slice(q_start, q_start + q_block)
+            real_rows = q_valid[:, None, rows].to(kept.device)
+            if not torch.isfinite(kept.sum(-1)).logical_or(~real_rows).all():
+                raise InputError(f"a real query row at {site.path} has NaN or inf weights "
+                                 "(fully masked?)")
             block = RowBlock(pattern=kept.detach(), query_valid=q_valid[:, rows],
                              query_pos=positions(q_valid)[:, rows], key_pos=positions(k_valid),
                              key_len=k_valid.sum(-1).clamp(min=1))
@@ -189,8 +210,8 @@ class Recorder:
                    example_ids: Sequence[str] | None = None) -> list[AttentionMap]:
         """Per call, per example, per (stack, kind): one padding-stripped AttentionMap.
 
-        Each group's layers are stacked once per call (the kept per-layer tensors are released
-        as they are stacked); examples are cut out with slices when their tokens are contiguous.
+        Each group's layers are stacked once per call, examples are cut out with slices when
+        their tokens are contiguous, and the per-layer tensors are released once all is built.
         """
         maps: list[AttentionMap] = []
         n_example = 0
@@ -209,6 +230,9 @@ class Recorder:
                     maps.append(_example_map(call, sites, b, pattern, scores, info, tokens_of,
                                              example_id, heads=self.kept_heads[sites[0]],
                                              edited=any(s in self.edit_changes for s in sites)))
+        for call in self.calls:
+            call.patterns.clear()
+            call.scores.clear()
         return maps
 
 
@@ -217,10 +241,10 @@ def _stack_group(call: ForwardCall, sites: list[Site]) -> tuple[torch.Tensor, to
     heads_of = {call.patterns[s].shape[1] for s in sites}
     if len(heads_of) != 1:
         raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
-    pattern = torch.stack([call.patterns.pop(s) for s in sites], dim=1)
+    pattern = torch.stack([call.patterns[s] for s in sites], dim=1)
     scores = None
     if all(s in call.scores for s in sites):
-        scores = torch.stack([call.scores.pop(s) for s in sites], dim=1)
+        scores = torch.stack([call.scores[s] for s in sites], dim=1)
     return pattern, scores
 
 
@@ -234,9 +258,9 @@ def _cut(valid: torch.Tensor) -> slice | torch.Tensor:
 def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor,
             tokens_of: Callable[[torch.Tensor], list[str]] | None) -> list[str]:
     ids = call.ids.get(side)
-    if ids is None or ids.shape[-1] != valid.shape[-1]:
+    if ids is None or ids.shape[-1] < valid.shape[-1]:
         return [f"[{i}]" for i in range(int(valid.sum()))]
-    real = ids[b][valid]
+    real = ids[b, ids.shape[-1] - valid.shape[-1]:][valid]
     return tokens_of(real) if tokens_of else [str(int(i)) for i in real]
 
 

@@ -45,8 +45,9 @@ class RowBlock:
 
     def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
         """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
-        weight = self.query_valid[:, None, :].to(torch.float64)
-        return (per_row.to(torch.float64) * weight).sum(dim=(0, 2))
+        valid = self.query_valid[:, None, :].to(per_row.device)
+        kept = torch.where(valid, per_row.to(torch.float64), 0.0)  # padding rows may hold NaN
+        return kept.sum(dim=(0, 2))
 
 
 class Reducer(Protocol):
@@ -173,7 +174,14 @@ class Tally:
                 key = (stat, site)
                 self.sums[key] = self.sums[key] + value if key in self.sums else value
 
+    def __radd__(self, other: object) -> Tally:
+        if other == 0:  # sum(tallies)
+            return self
+        return NotImplemented
+
     def __add__(self, other: Tally) -> Tally:
+        if not isinstance(other, Tally):
+            return NotImplemented
         merged = Tally(dict(self.sums), dict(self.counts), dict(self.heads))
         for site, heads in other.heads.items():
             if merged.heads.setdefault(site, heads) != heads:

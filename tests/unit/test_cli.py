@@ -67,3 +67,24 @@ def test_console_script_exit_code():
     bad = subprocess.run([sys.executable, "-m", "attnprobe.cli", "extract", "--model",
                           "ref:encoder", "--text", ""], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["extract", "--layers", "a"], ["extract", "--layers", "0-99999999"],
+    ["extract", "--show", "-1"], [], ["extract", "--text", "hi", "--out", "maps.txt"],
+])
+def test_usage_errors_are_one_line(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse exits by itself
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnprobe: error:") and err.count("\n") == 1
+
+
+def test_unwritable_out_fails_before_the_run(capsys):
+    code = main(["extract", "--model", "ref:encoder", "--text", "the cat",
+                 "--out", "/proc/no/such/maps.npz"])
+    captured = capsys.readouterr()
+    assert code == 2 and "entropy" not in captured.out and captured.err.count("\n") == 1

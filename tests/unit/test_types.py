@@ -87,3 +87,27 @@ def test_uniform_map_entropy_is_log_n():
     row = summarize([amap]).iloc[0]
     assert row.entropy == pytest.approx(math.log(8))
     assert row.max_weight == pytest.approx(1 / 8)
+
+
+def test_rejects_negative_weights_duplicate_indices_and_bad_info():
+    ok = torch.full((1, 1, 2, 2), 0.5)
+    with pytest.raises(InputError, match="negative"):
+        AttentionMap(pattern=torch.tensor([[[[1.5, -0.5], [0.5, 0.5]]]]), query_tokens="ab",
+                     key_tokens="ab", layers=(0,), info=INFO)
+    with pytest.raises(InputError, match="distinct"):
+        AttentionMap(pattern=torch.full((2, 1, 2, 2), 0.5), query_tokens="ab", key_tokens="ab",
+                     layers=(1, 1), info=INFO)
+    with pytest.raises(InputError, match="ModelInfo"):
+        AttentionMap(pattern=ok, query_tokens="ab", key_tokens="ab", layers=(0,), info={})
+
+
+@pytest.mark.parametrize("kwargs", [{"heads": []}, {"layers": [0, 0]}, {"layers": True}])
+def test_select_rejects_empty_duplicate_and_bool(kwargs):
+    with pytest.raises(InputError, match="distinct integers"):
+        make_map().select(**kwargs)
+
+
+def test_save_keeps_dotted_names(tmp_path):
+    path = make_map().save(tmp_path / "run.v2")
+    assert path.name == "run.v2.npz" and (tmp_path / "run.v2.json").exists()
+    assert AttentionMap.load(tmp_path / "run.v2").shape == (3, 2, 4, 4)

@@ -84,3 +84,44 @@ def test_a_real_query_row_with_no_open_key_is_an_error():
     causal = _additive_rows(None, slice(1, 3), 3, 3, True, torch.float32, "cpu")
     assert causal.shape == (1, 1, 2, 3)
     assert torch.equal(causal[0, 0] == 0, torch.tensor([[True, True, False], [True, True, True]]))
+
+
+def test_training_mode_captures_weights_before_dropout():
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=20, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.5, attn_implementation="sdpa")
+    model = track(BertModel(config))
+    ids = torch.randint(5, 50, (2, 6))
+    with ap.capture(model.eval()) as clean:
+        model(input_ids=ids)
+    with ap.capture(model.train()) as trained:
+        out_a = model(input_ids=ids).last_hidden_state
+    for a, b in zip(clean.maps, trained.maps, strict=True):
+        # layer 0 sees the same input in both modes: its map is the softmax, not its dropout
+        assert torch.allclose(a.pattern[0], b.pattern[0], atol=1e-6)
+        assert torch.allclose(b.pattern.sum(-1), torch.ones(()), atol=1e-5)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        with ap.capture(model, layers=[0]):
+            out_b = model(input_ids=ids).last_hidden_state
+        torch.manual_seed(2)
+        out_c = model(input_ids=ids).last_hidden_state
+    assert not torch.allclose(out_a, out_b) and not torch.allclose(out_b, out_c)  # dropout ran
+
+
+def test_generate_with_a_kv_cache_strips_padding_at_every_step():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=60, n_embd=16, n_layer=2, n_head=2, n_positions=32,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        attn_implementation="sdpa")
+    model = track(GPT2LMHeadModel(config).eval())
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])  # left padded
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    with torch.no_grad(), ap.capture(model) as cap:
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+    prefill, step = cap.maps[1], cap.maps[3]  # second example, first and second forward
+    assert prefill.shape[-2:] == (2, 2) and prefill.key_tokens == ("9", "10")
+    assert step.shape[-2:] == (1, 3)  # one new query over 2 prompt tokens + itself
+    assert step.key_tokens[:2] == ("9", "10")
+    assert torch.allclose(step.pattern.sum(-1), torch.ones(1))

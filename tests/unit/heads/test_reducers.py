@@ -86,3 +86,23 @@ def test_tally_refuses_to_merge_different_heads():
     b.add(("s", "self", 0), (4, 5), block(p), [Entropy()])
     with pytest.raises(ValueError, match="different heads"):
         a + b
+
+
+def test_tallies_sum_with_builtin_sum():
+    p = torch.full((1, 2, 3, 3), 1 / 3)
+    parts = []
+    for _ in range(3):
+        tally = Tally()
+        tally.add(("s", "self", 0), (0, 1), block(p), [MaxWeight()])
+        parts.append(tally)
+    total = sum(parts)
+    assert set(total.to_frame()["count"]) == {9.0}
+
+
+def test_nan_on_padding_rows_does_not_leak_into_sums():
+    p = torch.full((1, 1, 3, 3), 1 / 3)
+    p[0, 0, 0] = float("nan")  # a padding row (left padding)
+    valid = torch.tensor([[False, True, True]])
+    sums = Entropy()(block(p, valid))["entropy"]
+    assert torch.isfinite(sums).all()
+    assert sums.item() == pytest.approx(2 * math.log(3))
