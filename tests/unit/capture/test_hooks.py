@@ -195,3 +195,26 @@ def test_scores_come_with_patterns_on_reference_models(ref):
     with pytest.raises(ap.InputError, match="hook_scores"), \
             ap.capture(TinyLens(), paths=["blocks.0.attn.hook_pattern"], scores=True):
         pass
+
+
+def test_nan_in_a_real_row_is_an_error_not_a_statistic():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hook_pattern = HookPoint()
+
+        def forward(self, x):
+            pattern = torch.full((1, 1, 3, 3), 1 / 3)
+            pattern[0, 0, 1, 1] = float("nan")
+            return self.hook_pattern(pattern) + x
+
+    model = track(Broken())
+    with pytest.raises(ap.InputError, match="NaN"), \
+            ap.capture(model, keep=False, reducers=ap.heads.default_reducers()):
+        model(torch.zeros(()))
+    with ap.capture(model) as cap:
+        model(torch.zeros(()))
+    with pytest.raises(ap.InputError, match="NaN"):
+        cap.maps  # noqa: B018 - assembling validates
+    with pytest.raises(ap.InputError, match="NaN"):
+        cap.maps  # noqa: B018 - and keeps failing the same way
