@@ -134,8 +134,8 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     kwargs.pop("is_causal", None)
     # Weights are captured (and edited) before dropout; dropout, when training, is applied
     # here on the way to the values, as eager would.
-    dropout = float(kwargs.pop("dropout", 0.0) or 0.0) if module.training else 0.0
-    kwargs.pop("dropout", None)
+    dropout = float(kwargs.pop("dropout", 0.0) or 0.0)
+    dropout = dropout if module.training else 0.0
     eager = _eager_of(module)
     q_valid = recorder.query_valid(site, batch, q_len)
     position_bias = kwargs.pop("position_bias", None)
