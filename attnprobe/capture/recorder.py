@@ -187,7 +187,19 @@ class Recorder:
             self.tally.add(site.key, heads, block, self.reducers)
         if self.keep:
             self.kept_heads[site] = heads
-            self.current.patterns[site] = kept.detach().to("cpu", torch.float32)
+            kept = kept.detach().to("cpu", torch.float32)
+            earlier = self.current.patterns.get(site)
+            if earlier is not None:
+                # The site ran again in the same forward. A step-by-step decoder (one query
+                # row per step over the same keys) gets its rows appended along the query axis;
+                # anything else (e.g. a layer shared across depths) would be silently ambiguous.
+                if kept.shape[2] != 1 or earlier.shape[:2] != kept.shape[:2] \
+                        or earlier.shape[3] != kept.shape[3]:
+                    raise InputError(f"{site.path} ran more than once in one forward with "
+                                     f"shapes {tuple(earlier.shape)} and {tuple(kept.shape)}; "
+                                     "capture one call per forward")
+                kept = torch.cat([earlier, kept], dim=2)
+            self.current.patterns[site] = kept
 
     # ------------------------------------------------------------- finish
     def finish(self, wanted_sites: Sequence[Site]) -> None:

@@ -54,7 +54,7 @@ def site_for_path(path: str, module: nn.Module | None = None, *, encoder_decoder
     lowered = path.lower().replace("_", "")
     cross = bool(getattr(module, "is_cross_attention", False)) or any(
         name.replace("_", "") in lowered for name in _CROSS_NAMES)
-    side = "decoder" if encoder_decoder and "decoder" in stack.lower() else "main"
+    side = "decoder" if encoder_decoder and "decoder" in path.lower() else "main"
     return Site(path=path, stack=stack, kind="cross" if cross else "self", layer=layer, side=side)
 
 

@@ -218,3 +218,42 @@ def test_nan_in_a_real_row_is_an_error_not_a_statistic():
         cap.maps  # noqa: B018 - assembling validates
     with pytest.raises(ap.InputError, match="NaN"):
         cap.maps  # noqa: B018 - and keeps failing the same way
+
+
+class StepDecoder(nn.Module):
+    """Attends over a fixed source once per decoding step, like an RNN decoder with attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.Module()
+        self.decoder.cross_attn = nn.Module()
+        self.decoder.cross_attn.hook_pattern = HookPoint()
+
+    def forward(self, source, steps):
+        outputs = []
+        for t in range(steps):
+            query = source[:, t % source.shape[1]]  # [batch, d]
+            scores = torch.einsum("bd,bkd->bk", query, source)[:, None, None, :]
+            pattern = self.decoder.cross_attn.hook_pattern(torch.softmax(scores, -1))
+            outputs.append(torch.einsum("bhqk,bkd->bqd", pattern, source))
+        return torch.cat(outputs, 1)
+
+
+def test_step_by_step_decoders_stack_their_rows():
+    model = track(StepDecoder())
+    source = torch.randn(2, 5, 4)
+    with ap.capture(model) as cap:
+        model(source, steps=3)
+    amap = cap.maps[0]
+    assert amap.kind == "cross" and amap.shape == (1, 1, 3, 5)
+    expected = torch.softmax(source[0, :3] @ source[0].T, -1)
+    assert torch.allclose(amap.pattern[0, 0], expected, atol=1e-6)
+
+
+def test_a_site_running_twice_with_many_rows_is_refused():
+    model = track(TinyLens(n_layers=1))
+    shared = model.blocks[0]
+    model.blocks.append(shared)  # the same layer used at two depths
+    with pytest.raises(ap.InputError, match="more than once"), \
+            ap.capture(model, paths=["blocks.0.attn.hook_pattern"]):
+        model(torch.randint(0, 20, (1, 4)))
