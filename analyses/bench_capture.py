@@ -28,7 +28,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -36,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,7 @@ import torch
 
 import attnprobe
 from attnprobe.heads import Entropy
+from attnprobe.runs import print_tables, provenance, run_dir, write_run
 
 CHILD_FLAG = "--_memory-child"  # hidden: run one memory measurement and print JSON
 MODES = ("streaming", "full", "plain")  # plain: the SDPA forward alone, for reference
@@ -464,37 +463,6 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
 
 
 # ----------------------------------------------------------------------------- main
-def _provenance(cfg: Config, wall_s: float) -> dict[str, Any]:
-    import transformers
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=False).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True,
-                                    text=True, cwd=Path(__file__).resolve().parent,
-                                    check=False).stdout.strip())
-    except OSError:
-        commit, dirty = "", None
-    return {
-        "script": "analyses/bench_capture.py",
-        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv,
-        "config": asdict(cfg),
-        "wall_s": wall_s,
-        "versions": {"attnprobe": attnprobe.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "pandas": pd.__version__,
-                     "python": platform.python_version()},
-        "machine": {"cpu_count": os.cpu_count(),
-                    "cpu_affinity": len(os.sched_getaffinity(0))
-                    if hasattr(os, "sched_getaffinity") else None,
-                    "torch_num_threads": torch.get_num_threads(),
-                    "platform": platform.platform(), "processor": platform.processor()},
-        "git": {"commit": commit, "dirty": dirty},
-        "loadavg_at_end": Path("/proc/loadavg").read_text().split()[:3]
-        if Path("/proc/loadavg").exists() else None,
-    }
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == CHILD_FLAG:  # hidden: one memory measurement in a fresh process
@@ -518,26 +486,16 @@ def main(argv: list[str] | None = None) -> None:
         if args.repeats < 1:
             parser.error("--repeats must be positive")
         cfg.repeats = args.repeats
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or Path("runs") / "bench_capture" / stamp
-
+    out = run_dir("bench_capture", args.out)
     start = time.perf_counter()
     tables = run(cfg)
     wall = time.perf_counter() - start
-
-    out.mkdir(parents=True, exist_ok=True)
-    with pd.option_context("display.width", 200, "display.max_columns", 30,
-                           "display.max_colwidth", 80, "display.float_format", "{:.4g}".format):
-        for name in ("timing", "ratios", "memory", "entropy", "checks", "summary"):
-            print(f"\n== {name} ==")
-            print(tables[name].to_string(index=False))
+    print_tables(tables, ["timing", "ratios", "memory", "entropy", "checks", "summary"])
     foreign = float(tables["timing_raw"]["foreign_load"].mean())
     if foreign > LOAD_WARNING:
         print(f"\nWARNING: other processes kept {foreign:.2f} cores busy on average during the "
               f"timed repeats (of {os.cpu_count()}); timings and ratios are not trustworthy.")
-    for name, frame in tables.items():
-        frame.to_csv(out / f"{name}.csv", index=False)
-    (out / "provenance.json").write_text(json.dumps(_provenance(cfg, wall), indent=1))
+    write_run(out, tables, provenance("analyses/bench_capture.py", cfg, wall))
     print(f"\nwall time {wall:.1f} s; tables written to {out}/")
 
 

@@ -1,0 +1,71 @@
+"""Writing an analysis run: tidy tables, figures and a provenance record under runs/<name>/."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=False,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def provenance(script: str, config: Any, wall_s: float | None = None) -> dict[str, Any]:
+    """What produced a run: script, config, versions of every library loaded, machine, git."""
+    from attnprobe import __version__
+
+    versions = {"attnprobe": __version__, "torch": torch.__version__,
+                "pandas": pd.__version__, "python": platform.python_version()}
+    for name in ("transformers", "captum", "spacy", "numpy"):
+        if name in sys.modules:
+            versions[name] = getattr(sys.modules[name], "__version__", "")
+    return {
+        "script": script,
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+        "config": asdict(config) if is_dataclass(config) else config,
+        "wall_s": wall_s,
+        "versions": versions,
+        "machine": {"cpu_count": os.cpu_count(), "torch_num_threads": torch.get_num_threads(),
+                    "platform": platform.platform()},
+        "git": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain"))},
+    }
+
+
+def run_dir(name: str, out: str | Path | None = None) -> Path:
+    """``out`` or ``runs/<name>/<UTC stamp>/``, created."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out) if out is not None else Path("runs") / name / stamp
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_run(path: Path, tables: dict[str, pd.DataFrame], record: dict[str, Any]) -> Path:
+    """Write every table as CSV and the provenance record as JSON into ``path``."""
+    for name, frame in tables.items():
+        frame.to_csv(path / f"{name}.csv", index=False)
+    (path / "provenance.json").write_text(json.dumps(record, indent=1, default=str))
+    return path
+
+
+def print_tables(tables: dict[str, pd.DataFrame], names: list[str] | None = None) -> None:
+    """Print tables for a terminal (the run's CSVs hold full precision)."""
+    with pd.option_context("display.width", 200, "display.max_columns", 30,
+                           "display.max_colwidth", 80, "display.float_format", "{:.4g}".format):
+        for name in names or list(tables):
+            print(f"\n== {name} ==")
+            print(tables[name].to_string(index=False))
