@@ -75,7 +75,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     print("reference models:")
     for name in REFERENCE_MODELS.names():
         doc = (REFERENCE_MODELS.get(name).__doc__ or "").strip().splitlines()
-        print(f"  {REF_PREFIX}{name:<14} {doc[0] if doc else ''}")
+        print(f"  {REF_PREFIX}{name:<18} {doc[0] if doc else ''}")
     print("tested HuggingFace families (any local model directory of these loads with --model "
           "PATH):")
     print("  " + ", ".join(TESTED_FAMILIES))

@@ -7,6 +7,8 @@ Each model exposes hook points ``blocks.{i}.attn.hook_scores`` / ``blocks.{i}.at
     logits = model(**tok(["The cat sat on the mat."]))
 """
 
+# Mechanism families register their builders in REFERENCE_MODELS when imported.
+from attnprobe.models import decoder_only, encoder_decoder, positional  # noqa: F401
 from attnprobe.models.attention import (
     MultiHeadAttention,
     ScaledDotProductAttention,
