@@ -8,7 +8,13 @@ Each model exposes hook points ``blocks.{i}.attn.hook_scores`` / ``blocks.{i}.at
 """
 
 # Mechanism families register their builders in REFERENCE_MODELS when imported.
-from attnprobe.models import decoder_only, encoder_decoder, positional  # noqa: F401
+from attnprobe.models import (  # noqa: F401
+    decoder_only,
+    encoder_decoder,
+    linear_attention,
+    positional,
+    sparse,
+)
 from attnprobe.models.attention import (
     MultiHeadAttention,
     ScaledDotProductAttention,
