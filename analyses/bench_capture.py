@@ -43,7 +43,14 @@ import torch
 
 import attnprobe
 from attnprobe.heads import Entropy
-from attnprobe.runs import print_tables, provenance, run_dir, write_run
+from attnprobe.runs import (
+    memory_status_kib,
+    print_tables,
+    provenance,
+    reset_peak_rss,
+    run_dir,
+    write_run,
+)
 
 CHILD_FLAG = "--_memory-child"  # hidden: run one memory measurement and print JSON
 MODES = ("streaming", "full", "plain")  # plain: the SDPA forward alone, for reference
@@ -203,40 +210,19 @@ def _ratio_table(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- memory (child)
-def _status_kib() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0])
-    return out
-
-
-def _reset_hwm() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); True when the reset demonstrably works."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        return False
-    now = _status_kib()
-    return now["VmHWM"] <= now["VmRSS"] + 1024  # within 1 MiB of the current RSS
-
-
 class _Sampler:
     """Background thread: highest VmRSS seen, read every ``interval_s``."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self.peak = _status_kib()["VmRSS"]
+        self.peak = memory_status_kib()["VmRSS"]
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, _status_kib()["VmRSS"])
+            self.peak = max(self.peak, memory_status_kib()["VmRSS"])
             self.samples += 1
             self._stop.wait(self.interval_s)
 
@@ -285,18 +271,18 @@ def _memory_child(mode: str, cfg: Config) -> dict[str, Any]:
             with attnprobe.capture(model, keep=False, reducers=[Entropy()],
                                    query_block=cfg.query_block) as cap:
                 model(**batch)
-                marks["forward"] = _status_kib()["VmHWM"]
-            marks["exit"] = _status_kib()["VmHWM"]
+                marks["forward"] = memory_status_kib()["VmHWM"]
+            marks["exit"] = memory_status_kib()["VmHWM"]
             entropy = _entropy_from_tally(cap.tally, cfg.llama_layers, cfg.llama_heads)
         elif mode == "full":
             with attnprobe.capture(model) as cap:
                 model(**batch)
-                marks["forward"] = _status_kib()["VmHWM"]
-            marks["exit"] = _status_kib()["VmHWM"]
+                marks["forward"] = memory_status_kib()["VmHWM"]
+            marks["exit"] = memory_status_kib()["VmHWM"]
             entropy = _entropy_from_maps(cap.maps, cfg.entropy_chunk)
         else:
             cap = model(**batch)
-            marks["forward"] = marks["exit"] = _status_kib()["VmHWM"]
+            marks["forward"] = marks["exit"] = memory_status_kib()["VmHWM"]
             entropy = torch.full((cfg.llama_layers, cfg.llama_heads), float("nan"))
         del cap
         return entropy, marks
@@ -304,14 +290,14 @@ def _memory_child(mode: str, cfg: Config) -> dict[str, Any]:
     with torch.no_grad():
         forward(short)  # one-time lazy initialisation (kernels, thread pools) is not counted
         gc.collect()
-        baseline = _status_kib()["VmRSS"]
+        baseline = memory_status_kib()["VmRSS"]
         ru_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        hwm_reset = _reset_hwm()
+        hwm_reset = reset_peak_rss()
         sampler = _Sampler(cfg.sample_ms / 1000.0).start()
         start = time.perf_counter()
         entropy, marks = forward(inputs)
         seconds = time.perf_counter() - start
-        hwm_end = _status_kib()["VmHWM"]
+        hwm_end = memory_status_kib()["VmHWM"]
         sampled = sampler.stop()
     ru_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {

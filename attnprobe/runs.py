@@ -69,3 +69,25 @@ def print_tables(tables: dict[str, pd.DataFrame], names: list[str] | None = None
         for name in names or list(tables):
             print(f"\n== {name} ==")
             print(tables[name].to_string(index=False))
+
+
+def memory_status_kib() -> dict[str, int]:
+    """Current (``VmRSS``) and peak (``VmHWM``) resident memory of this process, KiB (Linux)."""
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0])
+    return out
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); True when the reset demonstrably works."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    now = memory_status_kib()
+    return now["VmHWM"] <= now["VmRSS"] + 1024  # within 1 MiB of the current RSS
