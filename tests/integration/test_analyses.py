@@ -32,9 +32,20 @@ def test_bench_capture_smoke(tmp_path, monkeypatch):
     assert record["script"] == "analyses/bench_capture.py" and record["config"]
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in ANALYSES.glob("*.py")
-                                        if not p.stem.startswith("_")))
+NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_every_analysis_has_the_convention(name):
     module = load(name)
     assert callable(module.run) and callable(module.main)
     assert hasattr(module.Config, "smoke")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "bench_capture"])
+def test_every_analysis_runs_at_smoke_size(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [f"{name}.py"])
+    load(name).main(["--smoke", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == f"analyses/{name}.py"
+    assert any(tmp_path.glob("*.csv"))
