@@ -34,19 +34,32 @@ class ForwardCall:
 
     ids: dict[Side, torch.Tensor | None]
     valid: dict[Side, torch.Tensor | None]
+    fresh: dict[Side, int] = field(default_factory=dict)  # tokens new in this call (KV cache)
     patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
 
-    def valid_mask(self, side: Side, batch: int, length: int) -> torch.Tensor:
-        """``[batch, length]`` bool real-token mask of the last ``length`` positions.
+    def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:
+        """Which of ``length`` positions are real tokens of ``side``: ``[batch, length]`` bool,
+        and whether those positions are the side's tokens at all.
 
-        With a KV cache the mask covers past and current tokens: keys use all of it, queries
-        its last columns. All True when the model was given no mask.
+        They are when ``length`` is the side's full length (keys, and queries without a cache),
+        or the tokens new in this call (queries of a KV-cache step). Any other length — e.g. a
+        learned pooling query — is not a token of the input: all rows count, none is named.
         """
         mask = self.valid.get(side)
-        if mask is None or mask.shape[0] != batch or mask.shape[1] < length:
-            return torch.ones(batch, length, dtype=torch.bool)
-        return mask[:, mask.shape[1] - length:]
+        ones = torch.ones(batch, length, dtype=torch.bool)
+        if mask is None or mask.shape[0] != batch:
+            ids = self.ids.get(side)
+            return ones, ids is None or ids.shape[-1] == length
+        if mask.shape[1] == length:
+            return mask, True
+        if self.fresh.get(side) == length and mask.shape[1] > length:
+            return mask[:, mask.shape[1] - length:], True
+        return ones, False
+
+    def valid_mask(self, side: Side, batch: int, length: int) -> torch.Tensor:
+        """``[batch, length]`` bool: False on padding (see :meth:`positions_of`)."""
+        return self.positions_of(side, batch, length)[0]
 
 
 def _check_indices(name: str, wanted: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -125,6 +138,7 @@ class Recorder:
                 empty = (~mask.any(-1)).nonzero().flatten().tolist()
                 raise InputError(f"examples {empty} have no real tokens: every query row is "
                                  "fully masked")
+        fresh = {side: t.shape[-1] for side, t in ids.items() if t is not None}
         if self.calls:
             for side, current in ids.items():
                 past, mask = self.calls[-1].ids.get(side), valid.get(side)
@@ -132,7 +146,7 @@ class Recorder:
                         and past.shape[0] == current.shape[0]
                         and past.shape[1] + current.shape[1] == mask.shape[1]):
                     ids[side] = torch.cat([past, current], dim=1)
-        self.calls.append(ForwardCall(ids=ids, valid=valid))
+        self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh))
 
     @property
     def current(self) -> ForwardCall:
@@ -162,7 +176,8 @@ class Recorder:
     def consume_scores(self, site: Site, scores: torch.Tensor) -> None:
         """Keep pre-softmax scores ``[batch, head, query, key]`` of a site (hook points only)."""
         heads = self.head_index(scores.shape[1], site)
-        self.current.scores[site] = scores[:, list(heads)].detach().to("cpu", torch.float32)
+        kept = scores[:, list(heads)].detach().to("cpu", torch.float32)
+        self.current.scores[site] = _append_rows(self.current.scores.get(site), kept, site)
 
     def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
                 q_total: int | None = None) -> None:
@@ -188,18 +203,7 @@ class Recorder:
         if self.keep:
             self.kept_heads[site] = heads
             kept = kept.detach().to("cpu", torch.float32)
-            earlier = self.current.patterns.get(site)
-            if earlier is not None:
-                # The site ran again in the same forward. A step-by-step decoder (one query
-                # row per step over the same keys) gets its rows appended along the query axis;
-                # anything else (e.g. a layer shared across depths) would be silently ambiguous.
-                if kept.shape[2] != 1 or earlier.shape[:2] != kept.shape[:2] \
-                        or earlier.shape[3] != kept.shape[3]:
-                    raise InputError(f"{site.path} ran more than once in one forward with "
-                                     f"shapes {tuple(earlier.shape)} and {tuple(kept.shape)}; "
-                                     "capture one call per forward")
-                kept = torch.cat([earlier, kept], dim=2)
-            self.current.patterns[site] = kept
+            self.current.patterns[site] = _append_rows(self.current.patterns.get(site), kept, site)
 
     # ------------------------------------------------------------- finish
     def finish(self, wanted_sites: Sequence[Site]) -> None:
@@ -248,6 +252,22 @@ class Recorder:
         return maps
 
 
+def _append_rows(earlier: torch.Tensor | None, rows: torch.Tensor, site: Site) -> torch.Tensor:
+    """Rows of a site that ran again in the same forward.
+
+    A step-by-step decoder (one query row per step over the same keys) gets its rows appended
+    along the query axis; anything else (e.g. one layer shared across depths) is ambiguous.
+    """
+    if earlier is None:
+        return rows
+    if rows.shape[2] != 1 or earlier.shape[:2] != rows.shape[:2] \
+            or earlier.shape[3] != rows.shape[3]:
+        raise InputError(f"{site.path} ran more than once in one forward with shapes "
+                         f"{tuple(earlier.shape)} and {tuple(rows.shape)}; capture one call "
+                         "per forward")
+    return torch.cat([earlier, rows], dim=2)
+
+
 def _stack_group(call: ForwardCall, sites: list[Site]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[batch, layer, head, query, key]`` of one (stack, kind), and its scores if kept."""
     heads_of = {call.patterns[s].shape[1] for s in sites}
@@ -267,9 +287,11 @@ def _cut(valid: torch.Tensor) -> slice | torch.Tensor:
     return slice(first, last + 1) if last - first + 1 == len(where) else valid
 
 
-def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor,
+def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor, are_tokens: bool,
             tokens_of: Callable[[torch.Tensor], list[str]] | None) -> list[str]:
     ids = call.ids.get(side)
+    if not are_tokens:  # e.g. learned pooling queries
+        return [f"[query {i}]" for i in range(int(valid.sum()))]
     if ids is None or ids.shape[-1] < valid.shape[-1]:
         return [f"[{i}]" for i in range(int(valid.sum()))]
     real = ids[b, ids.shape[-1] - valid.shape[-1]:][valid]
@@ -281,8 +303,9 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
                  *, heads: tuple[int, ...], edited: bool) -> AttentionMap:
     """Cut example ``b`` out of ``[batch, layer, head, query, key]``, real tokens only."""
     batch, _, _, q_len, k_len = pattern.shape
-    q_valid = call.valid_mask(sites[0].side, batch, q_len)[b]
-    k_valid = call.valid_mask(sites[0].key_side, batch, k_len)[b]
+    q_valid, q_tokens = call.positions_of(sites[0].side, batch, q_len)
+    k_valid, k_tokens = call.positions_of(sites[0].key_side, batch, k_len)
+    q_valid, k_valid = q_valid[b], k_valid[b]
     q_cut, k_cut = _cut(q_valid), _cut(k_valid)
 
     def crop(x: torch.Tensor) -> torch.Tensor:
@@ -290,8 +313,8 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
 
     return AttentionMap(
         pattern=crop(pattern),
-        query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, tokens_of)),
-        key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, tokens_of)),
+        query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, q_tokens, tokens_of)),
+        key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, k_tokens, tokens_of)),
         layers=tuple(s.layer for s in sites),
         heads=heads,
         scores=None if scores is None else crop(scores),

@@ -12,7 +12,10 @@ from attnprobe.models import (  # noqa: F401
     decoder_only,
     encoder_decoder,
     linear_attention,
+    pooling,
     positional,
+    rnn_attention,
+    seq2seq,
     sparse,
 )
 from attnprobe.models.attention import (
