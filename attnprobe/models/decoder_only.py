@@ -17,11 +17,8 @@ import torch
 from torch import nn
 
 from attnprobe.errors import InputError
-from attnprobe.models.positional import (
-    PositionalAttention,
-    check_token_inputs,
-    positions_from_mask,
-)
+from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.zoo import REFERENCE_MODELS, _finish
 
@@ -98,7 +95,7 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(ConfigSizes, nn.Module):
     """Token embedding, ``n_layers`` :class:`LlamaBlock`, final RMSNorm, unembedding.
 
     Shapes:
@@ -112,14 +109,6 @@ class LlamaModel(nn.Module):
         self.blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=False)
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.n_heads
 
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:

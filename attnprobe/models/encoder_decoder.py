@@ -23,7 +23,8 @@ from torch import nn
 
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
-from attnprobe.models.positional import check_token_inputs, positions_from_mask, sinusoidal_table
+from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.positional import sinusoidal_table
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.zoo import REFERENCE_MODELS, _finish
 
@@ -134,7 +135,7 @@ class Decoder(nn.Module):
         return y  # [batch, tgt, d_model]
 
 
-class EncoderDecoderModel(nn.Module):
+class EncoderDecoderModel(ConfigSizes, nn.Module):
     """Shared token embedding, sinusoidal positions, encoder, decoder, output projection.
 
     Shapes:
@@ -157,14 +158,6 @@ class EncoderDecoderModel(nn.Module):
     def original(cls, vocab_size: int, **overrides: Any) -> EncoderDecoderModel:
         """The base model of the paper (see :meth:`EncoderDecoderConfig.original`)."""
         return cls(EncoderDecoderConfig.original(vocab_size, **overrides))
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.n_heads
 
     def _embed(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """``[batch, seq]`` ids -> ``embed · sqrt(d_model) + PE[position]`` ``[batch, seq, d]``."""

@@ -26,6 +26,7 @@ from torch import nn
 from attnprobe.capture.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention, scaled_dot_product
+from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import MLP
 from attnprobe.models.zoo import REFERENCE_MODELS, _finish
@@ -182,39 +183,6 @@ class PositionalAttention(MultiHeadAttention):
         return self.out_proj(z)  # [batch, seq, d_model]
 
 
-def check_token_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
-                       vocab_size: int, max_len: int, name: str = "input_ids") -> torch.Tensor:
-    """Validate ``[batch, seq]`` ids and their 0/1 mask; return the bool real-token mask."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
-        got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
-        raise InputError(f"{name} must be a 2-d [batch, seq] tensor; got {got!r}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
-        raise InputError(f"{name} must be an integer tensor; got {input_ids.dtype}")
-    batch, seq = input_ids.shape
-    if seq == 0 or seq > max_len:
-        raise InputError(f"{name} has {seq} tokens; the model takes 1 to max_len={max_len}")
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
-        raise InputError(f"{name} must lie in [0, {vocab_size}); got "
-                         f"[{int(input_ids.min())}, {int(input_ids.max())}]")
-    if attention_mask is None:
-        return torch.ones(batch, seq, dtype=torch.bool, device=input_ids.device)
-    if tuple(attention_mask.shape) != (batch, seq):
-        raise InputError(f"the mask of {name} must have shape {(batch, seq)}; "
-                         f"got {tuple(attention_mask.shape)}")
-    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        raise InputError(f"the mask of {name} must contain only 0 and 1")
-    real = attention_mask.to(input_ids.device) != 0  # [batch, seq]
-    empty = (~real.any(dim=1)).nonzero().flatten().tolist()
-    if empty:
-        raise InputError(f"fully masked example(s) {empty} in {name}: no real token")
-    return real
-
-
-def positions_from_mask(real: torch.Tensor) -> torch.Tensor:
-    """``[batch, seq]`` position of each token among the real ones (0 on leading padding)."""
-    return (real.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
 @dataclass
 class PositionalConfig:
     """Hyperparameters of :class:`PositionalModel`; ``positional`` picks the scheme."""
@@ -258,7 +226,7 @@ class PositionalBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class PositionalModel(nn.Module):
+class PositionalModel(ConfigSizes, nn.Module):
     """Token embeddings (+ the sinusoidal table if chosen), blocks, final LayerNorm, unembedding.
 
     Positions count real tokens only (:func:`positions_from_mask`), so left and right padding
@@ -278,14 +246,6 @@ class PositionalModel(nn.Module):
         self.blocks = nn.ModuleList(PositionalBlock(config) for _ in range(config.n_layers))
         self.ln_final = nn.LayerNorm(config.d_model)
         self.unembed = nn.Linear(config.d_model, config.vocab_size)
-
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.n_heads
 
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnprobe.errors import InputError
+from attnprobe.models.inputs import check_token_inputs
 from attnprobe.models.rnn_attention import BahdanauAttention, LocalAttention, LuongAttention
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.zoo import REFERENCE_MODELS, _finish
@@ -74,30 +75,6 @@ class Seq2SeqConfig:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
         self.n_layers = self.n_heads = 0 if self.attention == "none" else 1
-
-
-def _check_ids(ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, name: str
-               ) -> torch.Tensor:
-    """Validate ``[batch, seq]`` ids and their 0/1 mask; return the bool real-token mask."""
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] == 0 \
-            or ids.dtype.is_floating_point:
-        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise InputError(f"{name} must be a non-empty integer [batch, seq] tensor; got {got}")
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise InputError(f"{name} must lie in [0, {vocab}); got [{int(ids.min())}, "
-                         f"{int(ids.max())}]")
-    if mask is None:
-        return torch.ones_like(ids, dtype=torch.bool)
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise InputError(f"the mask of {name} must have its shape {tuple(ids.shape)}; "
-                         f"got {tuple(mask.shape)}")
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise InputError(f"the mask of {name} must contain only 0 and 1")
-    real = mask.to(ids.device) != 0
-    if not bool(real.any(dim=1).all()):
-        empty = (~real.any(dim=1)).nonzero().flatten().tolist()
-        raise InputError(f"examples {empty} of {name} have no real token")
-    return real
 
 
 class Encoder(nn.Module):
@@ -210,7 +187,7 @@ class Seq2Seq(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(states [batch, src, hidden], final [batch, hidden], real [batch, src])``."""
-        real = _check_ids(input_ids, attention_mask, self.config.vocab_size, "input_ids")
+        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size)
         states, final = self.encoder(input_ids, real)
         return states, final, real
 
@@ -231,8 +208,8 @@ class Seq2Seq(nn.Module):
             raise InputError("decoder_input_ids is required (teacher forcing); use generate() "
                              "to decode from the source alone")
         memory = self.encode(input_ids, attention_mask)
-        dec_real = _check_ids(decoder_input_ids, decoder_attention_mask, self.config.vocab_size,
-                              "decoder_input_ids")
+        dec_real = check_token_inputs(decoder_input_ids, decoder_attention_mask,
+                                      vocab_size=self.config.vocab_size, name="decoder_input_ids")
         if decoder_input_ids.shape[0] != input_ids.shape[0]:
             raise InputError(f"input_ids has {input_ids.shape[0]} examples but "
                              f"decoder_input_ids has {decoder_input_ids.shape[0]}")

@@ -18,6 +18,7 @@ from torch import nn
 
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
+from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Block(nn.Module):
         return x
 
 
-class TransformerModel(nn.Module):
+class TransformerModel(ConfigSizes, nn.Module):
     """Token + learned position embeddings, ``n_layers`` blocks, final LayerNorm, unembedding.
 
     Shapes:
@@ -107,14 +108,6 @@ class TransformerModel(nn.Module):
         """A causal decoder-only model (``causal=True``); other fields from ``overrides``."""
         return cls(TransformerConfig(vocab_size=vocab_size, causal=True, **overrides))
 
-    @property
-    def n_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.config.n_heads
-
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -131,47 +124,11 @@ class TransformerModel(nn.Module):
             InputError: wrong shapes or dtypes, ids out of range, ``seq > max_len``, or an
                 example whose attention mask is all zeros.
         """
-        real = self._check_inputs(input_ids, attention_mask)  # [batch, seq] bool
-        positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)  # [batch, seq]
+        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size,
+                                  max_len=self.config.max_len)  # [batch, seq] bool
+        positions = positions_from_mask(real)  # [batch, seq]
 
         x = self.embed(input_ids) + self.pos_embed(positions)  # [batch, seq, d_model]
         for block in self.blocks:
             x = block(x, real)
         return self.unembed(self.ln_final(x))  # [batch, seq, vocab]
-
-    def _check_inputs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Validate the inputs; return the bool ``[batch, seq]`` real-token mask."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
-            got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
-            raise InputError(f"input_ids must be a 2-d [batch, seq] tensor; got {got!r}")
-        if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
-            raise InputError(f"input_ids must be an integer tensor; got {input_ids.dtype}")
-        batch, seq = input_ids.shape
-        if seq == 0:
-            raise InputError("input_ids has no tokens (seq length 0)")
-        if seq > self.config.max_len:
-            raise InputError(
-                f"input has {seq} tokens but the model's max_len is {self.config.max_len}; "
-                "shorten the text"
-            )
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
-            raise InputError(
-                f"input_ids must lie in [0, {self.config.vocab_size}); got "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
-        if attention_mask is None:
-            return torch.ones(batch, seq, dtype=torch.bool, device=input_ids.device)
-        if tuple(attention_mask.shape) != (batch, seq):
-            raise InputError(
-                f"attention_mask must have the shape of input_ids {(batch, seq)}; "
-                f"got {tuple(attention_mask.shape)}"
-            )
-        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise InputError("attention_mask must contain only 0 and 1")
-        real = attention_mask.to(device=input_ids.device) != 0
-        empty = (~real.any(dim=1)).nonzero().flatten().tolist()
-        if empty:
-            raise InputError(f"fully masked example(s) {empty}: attention_mask has no real token")
-        return real

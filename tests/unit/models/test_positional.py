@@ -260,5 +260,5 @@ def test_bad_configs_raise_input_errors():
         PositionalConfig(vocab_size=10, positional="learned")
     with pytest.raises(InputError, match="d_head=3"):
         PositionalAttention(12, 4, rope=True)
-    with pytest.raises(InputError, match="max_len=64"):
+    with pytest.raises(InputError, match="max_len is 64"):
         build_reference("rope")[0](torch.ones(1, 65, dtype=torch.long))
