@@ -13,7 +13,6 @@ Run: ``python analyses/attention_cost.py [--smoke] [--out DIR]``; tables, a plot
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time
@@ -28,14 +27,7 @@ from attnprobe.models.attention import MultiHeadAttention
 from attnprobe.models.linear_attention import LinearAttention
 from attnprobe.models.rnn_attention import AdditiveScore, DotScore, GeneralScore
 from attnprobe.models.sparse import SlidingWindowAttention
-from attnprobe.runs import (
-    memory_status_kib,
-    print_tables,
-    provenance,
-    reset_peak_rss,
-    run_dir,
-    write_run,
-)
+from attnprobe.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 SEED_CLAIM = "Luong dot scoring 1.5–2× faster than Bahdanau additive (seeds)"
 
@@ -175,19 +167,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, quick check")
-    parser.add_argument("--out", type=Path, help="output folder")
-    args = parser.parse_args(argv)
-    cfg = Config.smoke() if args.smoke else Config()
-    out = run_dir("attention_cost", args.out)
-    start = time.perf_counter()
-    tables = run(cfg)
-    wall = time.perf_counter() - start
-    print_tables(tables)
-    plot(tables, out)
-    write_run(out, tables, provenance("analyses/attention_cost.py", cfg, wall))
-    print(f"\nwall time {wall:.1f} s; tables and cost.png written to {out}/")
+    analysis_main("attention_cost", __doc__, Config, run, plot, argv)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,30 @@ def reset_peak_rss() -> bool:
         return False
     now = memory_status_kib()
     return now["VmHWM"] <= now["VmRSS"] + 1024  # within 1 MiB of the current RSS
+
+
+def analysis_main(name: str, doc: str, config_cls: Any, run: Any, plot: Any = None,
+                  argv: list[str] | None = None) -> Path:
+    """The command line every ``analyses/<name>.py`` shares: ``[--smoke] [--out DIR]``.
+
+    Runs ``run(cfg)``, prints the tables, draws ``plot(tables, folder)`` when given, and writes
+    the tables and ``provenance.json`` to ``runs/<name>/<UTC stamp>/`` (or ``--out``).
+    """
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(prog=f"{name}.py", description=doc.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, quick end-to-end check")
+    parser.add_argument("--out", type=Path, help=f"output folder (default runs/{name}/<stamp>/)")
+    args = parser.parse_args(argv)
+    cfg = config_cls.smoke() if args.smoke else config_cls()
+    out = run_dir(name, args.out)
+    start = time.perf_counter()
+    tables = run(cfg)
+    wall = time.perf_counter() - start
+    print_tables(tables)
+    if plot is not None:
+        plot(tables, out)
+    write_run(out, tables, provenance(f"analyses/{name}.py", cfg, wall))
+    print(f"\nwall time {wall:.1f} s; results written to {out}/")
+    return out
