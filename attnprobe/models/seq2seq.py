@@ -260,11 +260,12 @@ class Seq2Seq(nn.Module):
         return torch.stack(out, dim=1)  # [batch, n]
 
 
-def _build(name: str, seed: int, attention: AttentionKind) -> tuple[nn.Module, WordTokenizer]:
+def _build(name: str, seed: int, attention: AttentionKind,
+           **config: int) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Seq2Seq(Seq2SeqConfig(vocab_size=len(tokenizer), attention=attention))
+        model = Seq2Seq(Seq2SeqConfig(vocab_size=len(tokenizer), attention=attention, **config))
     return _finish(model, name), tokenizer
 
 
@@ -284,3 +285,27 @@ def rnn_bahdanau(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
 def rnn_luong(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     """GRU encoder-decoder with Luong general (bilinear) attention and input feeding."""
     return _build("rnn-luong", seed, "luong-general")
+
+
+@REFERENCE_MODELS.register("rnn-luong-dot")
+def rnn_luong_dot(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
+    """GRU encoder-decoder with Luong dot attention and input feeding."""
+    return _build("rnn-luong-dot", seed, "luong-dot")
+
+
+@REFERENCE_MODELS.register("rnn-luong-concat")
+def rnn_luong_concat(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
+    """GRU encoder-decoder with Luong concat attention and input feeding."""
+    return _build("rnn-luong-concat", seed, "luong-concat")
+
+
+@REFERENCE_MODELS.register("rnn-luong-local-m")
+def rnn_luong_local_m(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
+    """GRU encoder-decoder with Luong local-m attention (window [t-D, t+D], D = 1)."""
+    return _build("rnn-luong-local-m", seed, "luong-local-m", local_window=1)
+
+
+@REFERENCE_MODELS.register("rnn-luong-local-p")
+def rnn_luong_local_p(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
+    """GRU encoder-decoder with Luong local-p attention (predicted centre, Gaussian, D = 1)."""
+    return _build("rnn-luong-local-p", seed, "luong-local-p", local_window=1)
