@@ -229,7 +229,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    analysis_main("alignment", __doc__, Config, run, plot, argv)
+    analysis_main("alignment", __doc__, Config, run, plot, argv, show=["results", "summary"])
 
 
 if __name__ == "__main__":

@@ -175,7 +175,8 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    analysis_main("seq2seq_bottleneck", __doc__, Config, run, plot, argv)
+    analysis_main("seq2seq_bottleneck", __doc__, Config, run, plot, argv,
+                  show=["results", "summary"])
 
 
 if __name__ == "__main__":

@@ -94,11 +94,12 @@ def reset_peak_rss() -> bool:
 
 
 def analysis_main(name: str, doc: str, config_cls: Any, run: Any, plot: Any = None,
-                  argv: list[str] | None = None) -> Path:
+                  argv: list[str] | None = None, show: list[str] | None = None) -> Path:
     """The command line every ``analyses/<name>.py`` shares: ``[--smoke] [--out DIR]``.
 
-    Runs ``run(cfg)``, prints the tables, draws ``plot(tables, folder)`` when given, and writes
-    the tables and ``provenance.json`` to ``runs/<name>/<UTC stamp>/`` (or ``--out``).
+    Runs ``run(cfg)``, prints the tables named in ``show`` (all by default), draws
+    ``plot(tables, folder)`` when given, and writes the tables and ``provenance.json`` to
+    ``runs/<name>/<UTC stamp>/`` (or ``--out``).
     """
     import argparse
     import time
@@ -112,7 +113,7 @@ def analysis_main(name: str, doc: str, config_cls: Any, run: Any, plot: Any = No
     start = time.perf_counter()
     tables = run(cfg)
     wall = time.perf_counter() - start
-    print_tables(tables)
+    print_tables(tables, show)
     if plot is not None:
         plot(tables, out)
     write_run(out, tables, provenance(f"analyses/{name}.py", cfg, wall))
