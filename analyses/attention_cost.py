@@ -156,7 +156,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> Path:
         axes[1].plot(sub["length"], sub["peak_above_mib"], marker="o", label=name)
     for ax, label in zip(axes, ("median seconds", "peak memory above start (MiB)"), strict=True):
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        ax.set_yscale("symlog", linthresh=1.0)  # memory can be 0 (under the resolution)
         ax.set_xlabel("sequence length")
         ax.set_ylabel(label)
         ax.legend()
