@@ -24,6 +24,7 @@ from torch import nn
 
 from attnprobe.capture.hook_point import HookPoint
 from attnprobe.errors import InputError
+from attnprobe.models.inputs import check_token_inputs
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.zoo import REFERENCE_MODELS, _finish
 
@@ -164,18 +165,10 @@ class PoolingClassifier(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Class logits ``[batch, n_classes]`` of each sequence."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 \
-                or input_ids.shape[1] == 0:
-            got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
-            raise InputError(f"input_ids must be a non-empty [batch, seq] tensor; got {got!r}")
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
-            raise InputError(
-                f"input_ids must lie in [0, {self.config.vocab_size}); got "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-            )
+        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size)
         states = self.embed(input_ids)  # [batch, seq, d_model]
         query = self.query.expand(input_ids.shape[0], -1)  # [batch, d_model]
-        context, _ = self.pool(query, states, attention_mask)  # [batch, d_model]
+        context, _ = self.pool(query, states, real)  # [batch, d_model]
         return self.classifier(context)  # [batch, n_classes]
 
 

@@ -182,10 +182,17 @@ class PatternAttention(MultiHeadAttention):
         real = key_padding_mask.to(device) != 0  # [batch, seq]
         if bool(real.all()):
             return self.pattern(n, device)
-        n_real = max(int(real.sum(dim=1).max()), 1)
-        pos = (real.long().cumsum(dim=1) - 1).clamp(0, n_real - 1)  # [batch, seq]
-        table = self.pattern(n_real, device)  # [real query, real key]
-        return table[pos[:, :, None], pos[:, None, :]][:, None]  # [batch, 1, query, key]
+        # Each example gets the pattern of its own real length (BigBird's random blocks depend
+        # on it), laid over its real-token positions, so batch-mates never change it.
+        lengths = real.sum(dim=1)  # [batch]
+        pos = real.long().cumsum(dim=1) - 1  # [batch, seq]
+        out = torch.zeros(batch, n, n, dtype=torch.bool, device=device)
+        for length in lengths.unique().tolist():
+            rows = lengths == length
+            p = pos[rows].clamp(0, max(length, 1) - 1)  # [rows, seq]
+            table = self.pattern(max(length, 1), device)  # [real query, real key]
+            out[rows] = table[p[:, :, None], p[:, None, :]]
+        return out[:, None]  # [batch, 1, query, key]
 
 
 class SlidingWindowAttention(PatternAttention):

@@ -142,3 +142,9 @@ def test_capture_with_right_padding():
     assert cap.maps[1].shape == (1, 1, 1, 3)
     assert cap.maps[1].query_tokens == ("[query 0]",)  # a learned query, not a token
     assert cap.maps[1].key_tokens == ("[BOS]", "a", "dog")
+
+
+def test_float_ids_are_a_clear_error():
+    model, _ = build_reference("pooling")
+    with pytest.raises(InputError, match="integer tensor"):
+        model(input_ids=torch.tensor([[2.0, 3.0, 4.0]]))

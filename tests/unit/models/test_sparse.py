@@ -221,3 +221,19 @@ def test_pattern_attention_rejects_a_context_and_a_bad_padding_mask():
         layer(x, x)
     with pytest.raises(InputError, match="key_padding_mask"):
         layer(x, key_padding_mask=torch.ones(2, 4))
+
+
+def test_bigbird_pattern_of_an_example_does_not_depend_on_its_batch():
+    import attnprobe as ap
+    from tests.conftest import track
+
+    model, tok = ap.load_model("ref:sparse")
+    model = track(model)
+    short = "the cat sat on the mat and the dog ran home"
+    long = " ".join(["the cat sat on the mat"] * 4)
+    with ap.capture(model, tokenizer=tok) as alone:
+        model(**tok([short]))
+    with ap.capture(model, tokenizer=tok) as batched:
+        model(**tok([short, long]))
+    assert torch.equal(alone.maps[0].pattern > 0, batched.maps[0].pattern > 0)
+    assert torch.allclose(alone.maps[0].pattern, batched.maps[0].pattern, atol=1e-6)
