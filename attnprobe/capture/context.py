@@ -14,7 +14,7 @@ from torch import nn
 
 from attnprobe.capture import hf, hooks
 from attnprobe.capture.info import model_info
-from attnprobe.capture.recorder import EditFn, Recorder
+from attnprobe.capture.recorder import BatchPatterns, EditFn, Recorder
 from attnprobe.capture.sites import Site
 from attnprobe.errors import InputError
 from attnprobe.heads.reducers import Reducer, Tally
@@ -39,6 +39,7 @@ class Capture:
     edits: pd.DataFrame = field(default_factory=pd.DataFrame)
     _assemble: Callable[[], list[AttentionMap]] | None = field(default=None, repr=False)
     _maps: list[AttentionMap] | None = field(default=None, repr=False)
+    _batches: Callable[[], list[BatchPatterns]] | None = field(default=None, repr=False)
 
     @property
     def maps(self) -> list[AttentionMap]:
@@ -46,6 +47,12 @@ class Capture:
             self._maps = self._assemble() if self._assemble is not None else []
             self._assemble = None
         return self._maps
+
+    def batches(self) -> list[BatchPatterns]:
+        """The kept weights per forward call and (stack, kind), still padded:
+        ``[batch, layer, head, query, key]`` with validity masks. Cheaper than :attr:`maps`
+        for batched analyses; call it before reading ``maps`` (which releases the tensors)."""
+        return self._batches() if self._batches is not None and self._maps is None else []
 
     @property
     def stats(self) -> pd.DataFrame:
@@ -150,6 +157,7 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
                       n_heads=recorder.n_heads, causal=_causal(model, sites))
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
     result._assemble = partial(recorder.build_maps, info, to_tokens, example_ids)
+    result._batches = recorder.batch_patterns
     result.tally = recorder.tally
     result.sites = list(sites)
     result.edits = recorder.edits_frame()

@@ -109,6 +109,14 @@ def _check_rows(additive: torch.Tensor | None, q_valid: torch.Tensor, site: Site
                          "(no key it may attend to)")
 
 
+def _visible_keys(additive: torch.Tensor | None, rows: int, k_len: int) -> torch.Tensor:
+    """``[batch|1, rows]``: how many keys each query row may attend to under the mask."""
+    if additive is None:
+        return torch.full((1, rows), k_len)
+    open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
+    return open_keys[:, 0].sum(-1).expand(-1, rows).cpu()
+
+
 def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``[batch, head, q, k] @ [batch, kv_head, k, d]`` -> ``[batch, q, head, d]`` (GQA-aware)."""
     groups = pattern.shape[1] // value.shape[1]
@@ -140,26 +148,27 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     q_valid = recorder.query_valid(site, batch, q_len)
     position_bias = kwargs.pop("position_bias", None)
 
-    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, query.dtype, query.device)
         _check_rows(mask, q_valid[:, rows].to(query.device), site)
         extra = dict(kwargs)
         if position_bias is not None:
             extra["position_bias"] = position_bias[..., rows, :] \
                 if position_bias.shape[-2] == q_len else position_bias
-        return eager(module, query[:, :, rows], key, value, mask, dropout=0.0, **extra)
+        output, weights = eager(module, query[:, :, rows], key, value, mask, dropout=0.0, **extra)
+        return output, weights, _visible_keys(mask, weights.shape[2], k_len)
 
     whole = any(r.keep or r.edit is not None for r, _ in takers) or dropout > 0
     auto = max(1, BLOCK_BYTES // (batch * query.shape[1] * k_len * query.element_size()))
     block = min(r.query_block or auto for r, _ in takers)
     if whole or q_len <= block:
-        output, weights = run(slice(0, q_len))
+        output, weights, visible = run(slice(0, q_len))
         edited = False
         for taker, taker_site in takers:
             if taker.edit is not None:
                 weights = taker.apply_edit(taker_site, weights)
                 edited = True
-            taker.consume(taker_site, weights, 0, q_len)
+            taker.consume(taker_site, weights, 0, q_len, visible)
         if edited or dropout > 0:
             dropped = nn.functional.dropout(weights, p=dropout, training=True) if dropout \
                 else weights
@@ -167,9 +176,9 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
         return output, weights
     outputs = []
     for start in range(0, q_len, block):
-        out, weights = run(slice(start, start + block))
+        out, weights, visible = run(slice(start, start + block))
         for taker, taker_site in takers:
-            taker.consume(taker_site, weights, start, q_len)
+            taker.consume(taker_site, weights, start, q_len, visible)
         outputs.append(out)
         del weights
     return torch.cat(outputs, dim=1), None

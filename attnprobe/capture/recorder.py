@@ -61,6 +61,45 @@ class ForwardCall:
         """``[batch, length]`` bool: False on padding (see :meth:`positions_of`)."""
         return self.positions_of(side, batch, length)[0]
 
+    def token_view(self, side: Side, batch: int, length: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Real-token mask, positions among the side's real tokens (counting cached tokens
+        of a KV-cache step, -1 on padding) and token ids (``None`` when unknown), each
+        ``[batch, length]``."""
+        valid, are_tokens = self.positions_of(side, batch, length)
+        mask = self.valid.get(side)
+        if are_tokens and mask is not None and mask.shape[0] == batch \
+                and mask.shape[1] >= length:
+            pos = positions(mask)[:, mask.shape[1] - length:]
+        else:
+            pos = positions(valid)
+        ids = self.ids.get(side)
+        if not are_tokens or ids is None or ids.shape[0] != batch or ids.shape[1] < length:
+            ids = None
+        else:
+            ids = ids[:, ids.shape[1] - length:]
+        return valid, pos, ids
+
+
+@dataclass(frozen=True)
+class BatchPatterns:
+    """The weights one forward produced in one (stack, kind), padding included.
+
+    Shapes: ``pattern`` ``[batch, layer, head, query, key]``; ``query_valid`` / ``key_valid``
+    ``[batch, query]`` / ``[batch, key]`` bool; ``query_ids`` / ``key_ids`` the token ids
+    (``None`` when unknown). ``layers`` / ``heads`` are the model indices of dims 1 and 2.
+    """
+
+    pattern: torch.Tensor
+    query_valid: torch.Tensor
+    key_valid: torch.Tensor
+    query_ids: torch.Tensor | None
+    key_ids: torch.Tensor | None
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    stack: str
+    kind: str
+
 
 def _check_indices(name: str, wanted: Sequence[int] | None) -> tuple[int, ...] | None:
     if wanted is None:
@@ -180,30 +219,45 @@ class Recorder:
         self.current.scores[site] = _append_rows(self.current.scores.get(site), kept, site)
 
     def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
-                q_total: int | None = None) -> None:
-        """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``."""
+                q_total: int | None = None, visible: torch.Tensor | None = None) -> None:
+        """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``.
+
+        ``visible`` (``[batch|1, q_block]``): how many keys each row was allowed to attend to,
+        from the seam's mask; estimated from the weights when the seam cannot know it.
+        """
         self.fired.add(site)
-        batch, n_heads, q_block, k_len = pattern.shape
+        n_heads = pattern.shape[1]
         self.n_heads = max(self.n_heads, n_heads)
         heads = self.head_index(n_heads, site)
         kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
         if self.reducers:
-            call = self.current
-            q_valid = call.valid_mask(site.side, batch, q_total or q_block)
-            k_valid = call.valid_mask(site.key_side, batch, k_len)
-            rows = slice(q_start, q_start + q_block)
-            real_rows = q_valid[:, None, rows].to(kept.device)
-            if not torch.isfinite(kept.sum(-1)).logical_or(~real_rows).all():
-                raise InputError(f"a real query row at {site.path} has NaN or inf weights "
-                                 "(fully masked?)")
-            block = RowBlock(pattern=kept.detach(), query_valid=q_valid[:, rows],
-                             query_pos=positions(q_valid)[:, rows], key_pos=positions(k_valid),
-                             key_len=k_valid.sum(-1).clamp(min=1))
-            self.tally.add(site.key, heads, block, self.reducers)
+            self._reduce(site, heads, kept, pattern, q_start, q_total or pattern.shape[2], visible)
         if self.keep:
             self.kept_heads[site] = heads
             kept = kept.detach().to("cpu", torch.float32)
             self.current.patterns[site] = _append_rows(self.current.patterns.get(site), kept, site)
+
+    def _reduce(self, site: Site, heads: tuple[int, ...], kept: torch.Tensor,
+                pattern: torch.Tensor, q_start: int, q_total: int,
+                visible: torch.Tensor | None) -> None:
+        call = self.current
+        batch, _, q_block, k_len = pattern.shape
+        q_valid, q_pos, q_ids = call.token_view(site.side, batch, q_total)
+        k_valid, k_pos, k_ids = call.token_view(site.key_side, batch, k_len)
+        rows = slice(q_start, q_start + q_block)
+        real_rows = q_valid[:, None, rows].to(kept.device)
+        if not torch.isfinite(kept.sum(-1)).logical_or(~real_rows).all():
+            raise InputError(f"a real query row at {site.path} has NaN or inf weights "
+                             "(fully masked?)")
+        if visible is None:  # keys any head gave weight to; exact unless every head underflows
+            seen = (pattern.detach() > 0).any(1) & k_valid[:, None, :].to(pattern.device)
+            visible = seen.sum(-1)
+        block = RowBlock(pattern=kept.detach(), query_valid=q_valid[:, rows],
+                         query_pos=q_pos[:, rows], key_pos=k_pos,
+                         key_len=k_valid.sum(-1).clamp(min=1),
+                         visible=visible.expand(batch, q_block).cpu(),
+                         query_ids=None if q_ids is None else q_ids[:, rows], key_ids=k_ids)
+        self.tally.add(site.key, heads, block, self.reducers)
 
     # ------------------------------------------------------------- finish
     def finish(self, wanted_sites: Sequence[Site]) -> None:
@@ -221,6 +275,24 @@ class Recorder:
     def edits_frame(self) -> pd.DataFrame:
         rows = [(s.stack, s.kind, s.layer, s.path, c) for s, c in self.edit_changes.items()]
         return pd.DataFrame(rows, columns=["stack", "kind", "layer", "path", "max_abs_change"])
+
+    def batch_patterns(self) -> list[BatchPatterns]:
+        """Per call and (stack, kind): the kept weights, still padded (no per-example cuts)."""
+        out = []
+        for call in self.calls:
+            groups: dict[tuple[str, str], list[Site]] = {}
+            for site in sorted(call.patterns, key=lambda s: s.layer):
+                groups.setdefault((site.stack, site.kind), []).append(site)
+            for (stack, kind), sites in groups.items():
+                pattern, _ = _stack_group(call, sites)
+                batch, _, _, q_len, k_len = pattern.shape
+                q_valid, _, q_ids = call.token_view(sites[0].side, batch, q_len)
+                k_valid, _, k_ids = call.token_view(sites[0].key_side, batch, k_len)
+                out.append(BatchPatterns(pattern=pattern, query_valid=q_valid, key_valid=k_valid,
+                                         query_ids=q_ids, key_ids=k_ids,
+                                         layers=tuple(s.layer for s in sites),
+                                         heads=self.kept_heads[sites[0]], stack=stack, kind=kind))
+        return out
 
     def build_maps(self, info: ModelInfo, tokens_of: Callable[[torch.Tensor], list[str]] | None,
                    example_ids: Sequence[str] | None = None) -> list[AttentionMap]:

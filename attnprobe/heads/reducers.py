@@ -18,6 +18,7 @@ from typing import Protocol
 import pandas as pd
 import torch
 
+from attnprobe.errors import InputError
 from attnprobe.registry import Registry
 from attnprobe.types import head_id
 
@@ -35,6 +36,10 @@ class RowBlock:
         query_pos: ``[batch, query_block]`` position of each row among the real query tokens.
         key_pos: ``[batch, key]`` position of each key among the real key tokens, -1 on padding.
         key_len: ``[batch]`` number of real keys.
+        visible: ``[batch, query_block]`` number of keys each row may attend to (causal and
+            sliding-window masks make this smaller than ``key_len``); ``None`` = all real keys.
+        query_ids / key_ids: ``[batch, query_block]`` / ``[batch, key]`` token ids, or ``None``
+            when the model was not called with token ids.
     """
 
     pattern: torch.Tensor
@@ -42,6 +47,9 @@ class RowBlock:
     query_pos: torch.Tensor
     key_pos: torch.Tensor
     key_len: torch.Tensor
+    visible: torch.Tensor | None = None
+    query_ids: torch.Tensor | None = None
+    key_ids: torch.Tensor | None = None
 
     def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
         """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
@@ -49,11 +57,34 @@ class RowBlock:
         kept = torch.where(valid, per_row.to(torch.float64), 0.0)  # padding rows may hold NaN
         return kept.sum(dim=(0, 2))
 
+    def visible_keys(self) -> torch.Tensor:
+        """``[batch, query_block]`` keys each row may attend to (at least 1)."""
+        if self.visible is None:
+            return self.key_len[:, None].expand_as(self.query_pos)
+        return self.visible.clamp(min=1)
+
+    def real_keys(self) -> torch.Tensor:
+        """``[batch, key]`` bool: the key is a real token."""
+        return self.key_pos >= 0
+
+    def require_ids(self, reducer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query and key token ids, or a clear error naming the reducer that needs them."""
+        if self.query_ids is None or self.key_ids is None:
+            raise InputError(f"the {reducer} statistic needs token ids: call the model with "
+                             "input_ids inside the capture (or pass token ids to tally_maps)")
+        return self.query_ids, self.key_ids
+
+
+Sums = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+"""What a reducer returns per statistic: ``[head]`` sums over the block's valid rows (the
+mean is over all rows), or ``(sums, counts)`` when the statistic is defined on only some rows
+(e.g. rows whose token occurs earlier)."""
+
 
 class Reducer(Protocol):
     name: str
 
-    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]: ...
+    def __call__(self, block: RowBlock) -> dict[str, Sums]: ...
 
 
 REDUCERS: Registry[type] = Registry("reducer")
@@ -151,28 +182,45 @@ def default_reducers() -> list[Reducer]:
 SiteKey = tuple[str, str, int]  # (stack, kind, layer)
 
 
+def _accumulate(into: dict, key: object, value: torch.Tensor) -> None:
+    into[key] = into[key] + value if key in into else value
+
+
 @dataclass
 class Tally:
     """Mergeable sums and row counts per (statistic, stack, kind, layer, head).
 
     ``a + b`` is exact: it adds sums and counts, so a corpus can be split anywhere.
+    ``counts`` are rows per site; a statistic defined on only some rows keeps its own
+    ``stat_counts`` (per head).
     """
 
     sums: dict[tuple[str, SiteKey], torch.Tensor] = field(default_factory=dict)
     counts: dict[SiteKey, float] = field(default_factory=dict)
     heads: dict[SiteKey, tuple[int, ...]] = field(default_factory=dict)
+    stat_counts: dict[tuple[str, SiteKey], torch.Tensor] = field(default_factory=dict)
 
     def add(self, site: SiteKey, heads: tuple[int, ...], block: RowBlock,
             reducers: Iterable[Reducer]) -> None:
         """Feed one block of rows of one layer (``pattern`` restricted to ``heads``)."""
+        sums: dict[str, Sums] = {}
+        for reducer in reducers:
+            sums.update(reducer(block))
+        self.add_sums(site, heads, float(block.query_valid.sum()), sums)
+
+    def add_sums(self, site: SiteKey, heads: tuple[int, ...], rows: float,
+                 sums: dict[str, Sums]) -> None:
+        """Add reducer outputs already computed for ``rows`` query rows of ``site``."""
         known = self.heads.setdefault(site, heads)
         if known != heads:
             raise ValueError(f"heads {heads} differ from {known} already tallied for {site}")
-        self.counts[site] = self.counts.get(site, 0.0) + float(block.query_valid.sum())
-        for reducer in reducers:
-            for stat, value in reducer(block).items():
-                key = (stat, site)
-                self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.counts[site] = self.counts.get(site, 0.0) + rows
+        for stat, value in sums.items():
+            key = (stat, site)
+            if isinstance(value, tuple):
+                value, count = value
+                _accumulate(self.stat_counts, key, count.to(torch.float64))
+            _accumulate(self.sums, key, value)
 
     def __radd__(self, other: object) -> Tally:
         if other == 0:  # sum(tallies)
@@ -182,32 +230,40 @@ class Tally:
     def __add__(self, other: Tally) -> Tally:
         if not isinstance(other, Tally):
             return NotImplemented
-        merged = Tally(dict(self.sums), dict(self.counts), dict(self.heads))
+        merged = Tally(dict(self.sums), dict(self.counts), dict(self.heads),
+                       dict(self.stat_counts))
         for site, heads in other.heads.items():
             if merged.heads.setdefault(site, heads) != heads:
                 raise ValueError(f"cannot merge tallies with different heads for {site}")
         for site, count in other.counts.items():
             merged.counts[site] = merged.counts.get(site, 0.0) + count
         for key, value in other.sums.items():
-            merged.sums[key] = merged.sums[key] + value if key in merged.sums else value
+            _accumulate(merged.sums, key, value)
+        for key, value in other.stat_counts.items():
+            _accumulate(merged.stat_counts, key, value)
         return merged
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy table, columns ``STAT_COLUMNS``; ``value = sum / count`` (mean over rows)."""
+        """Tidy table, columns ``STAT_COLUMNS``; ``value = sum / count`` (mean over rows).
+
+        Heads for which a statistic saw no row get no entry (never a NaN mean).
+        """
         rows = []
         stats = list(dict.fromkeys(stat for stat, _ in self.sums))  # reducer order
         for site in sorted(self.counts):
-            count = self.counts[site]
-            if not count:  # no real query row reached this site: nothing to average
-                continue
             stack, kind, layer = site
+            n_heads = len(self.heads[site])
             for stat in stats:
                 sums = self.sums.get((stat, site))
                 if sums is None:
                     continue
-                for head, total in zip(self.heads[site], sums.tolist(), strict=True):
-                    rows.append((stack, kind, layer, head, head_id(layer, head), stat,
-                                 total / count, total, count))
+                counts = self.stat_counts.get((stat, site))
+                counts = [self.counts[site]] * n_heads if counts is None else counts.tolist()
+                for head, total, count in zip(self.heads[site], sums.tolist(), counts,
+                                              strict=True):
+                    if count:
+                        rows.append((stack, kind, layer, head, head_id(layer, head), stat,
+                                     total / count, total, count))
         return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
 
     def summary(self) -> pd.DataFrame:

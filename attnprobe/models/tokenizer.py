@@ -72,6 +72,7 @@ class WordTokenizer:
 
     pad_token, unk_token, bos_token = PAD, UNK, BOS
     pad_token_id, unk_token_id, bos_token_id = 0, 1, 2
+    all_special_ids = (0, 1, 2)
 
     def __init__(self, words: Iterable[str] | None = None, *, model_max_length: int = 64) -> None:
         words = DEFAULT_WORDS.split() if words is None else list(words)
