@@ -1,5 +1,14 @@
-"""Head statistics: streaming reducers and per-head summaries."""
+"""Head statistics and the head census: streaming reducers, scores, labels, syntax, clusters.
 
+``census`` and the repeated-token probe run models through :mod:`attnprobe.capture` (which
+itself uses the reducers here), so they are imported on first use.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from attnprobe.heads.census_stats import CensusStats, token_classes
+from attnprobe.heads.labels import PRECEDENCE, Thresholds, classify_scores, layer_profile
 from attnprobe.heads.reducers import (
     REDUCERS,
     Entropy,
@@ -11,7 +20,31 @@ from attnprobe.heads.reducers import (
     Tally,
     default_reducers,
 )
-from attnprobe.heads.summary import summarize, tally_maps
+from attnprobe.heads.summary import classify, summarize, tally_maps
+from attnprobe.heads.syntax import SyntaxCounts, syntax
+from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
+from attnprobe.heads.words import align_tokens, to_words
 
-__all__ = ["REDUCERS", "Entropy", "KeyMass", "MaxWeight", "OffsetMass", "Reducer", "RowBlock",
-           "Tally", "default_reducers", "summarize", "tally_maps"]
+_LAZY = {
+    "census": "attnprobe.heads.head_census",
+    "Census": "attnprobe.heads.head_census",
+    "repeated_token_scores": "attnprobe.heads.probe",
+    "HeadDistances": "attnprobe.heads.similarity",
+    "cluster_heads": "attnprobe.heads.similarity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attnprobe.heads' has no attribute {name!r}")
+
+
+__all__ = [
+    "PRECEDENCE", "REDUCERS", "Census", "CensusStats", "Entropy", "HeadDistances", "KeyMass",
+    "MaxWeight", "OffsetMass", "Reducer", "RowBlock", "SyntaxCounts", "Tally", "Thresholds",
+    "Tree",
+    "align_tokens", "census", "classify", "classify_scores", "cluster_heads",
+    "default_reducers", "layer_profile", "parse", "read_conllu", "repeated_token_scores",
+    "summarize", "syntax", "tally_maps", "to_words", "token_classes", "write_conllu",
+]

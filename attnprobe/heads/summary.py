@@ -1,28 +1,84 @@
-"""Head statistics of maps already in memory, through the same reducers as streaming."""
+"""Head statistics and labels of maps already in memory, through the same reducers as
+streaming."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 
+from attnprobe.errors import InputError
+from attnprobe.heads.labels import Thresholds, classify_scores
 from attnprobe.heads.reducers import Reducer, RowBlock, Tally, default_reducers
+from attnprobe.heads.scores import census_reducers, wide_scores
 from attnprobe.types import AttentionMap
 
+_BRACKETED = re.compile(r"^(\[[A-Z]+\]|<\|?[a-z_]+\|?>|</s>|<s>)$")
+_ROLES = {"cls": ("[CLS]",), "sep": ("[SEP]",),
+          "bos": ("<s>", "[BOS]", "<bos>", "<|begin_of_text|>"),
+          "eos": ("</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>")}
 
-def tally_maps(maps: Sequence[AttentionMap], reducers: Sequence[Reducer] | None = None) -> Tally:
-    """Feed stored maps (``[layer, head, query, key]``, no padding) to ``reducers``."""
+
+class MapVocabulary:
+    """A stand-in tokenizer built from stored token strings, for maps saved without one.
+
+    Special tokens are recognised by their usual spellings (``[CLS]``, ``<s>``, ...).
+    """
+
+    def __init__(self, maps: Sequence[AttentionMap]) -> None:
+        tokens = dict.fromkeys(t for m in maps for t in (*m.query_tokens, *m.key_tokens))
+        self._vocab = {tok: i for i, tok in enumerate(tokens)}
+        self.all_special_ids = [i for tok, i in self._vocab.items() if _BRACKETED.match(tok)]
+        for role, spellings in _ROLES.items():
+            found = [self._vocab[s] for s in spellings if s in self._vocab]
+            setattr(self, f"{role}_token_id", found[0] if found else None)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+        return [self._vocab[t] for t in tokens]
+
+
+def _ids(tokens: Sequence[str], tokenizer: Any) -> torch.Tensor:
+    ids = tokenizer.convert_tokens_to_ids(list(tokens))
+    return torch.tensor([-1 if i is None else int(i) for i in ids])[None]
+
+
+def _visible(amap: AttentionMap, n_q: int, n_k: int) -> torch.Tensor:
+    """``[1, query]`` keys each row may see: from ``info.causal`` when known, else the keys
+    any head gave weight to."""
+    if amap.kind == "self" and amap.info.causal is True and n_q == n_k:
+        return torch.arange(1, n_q + 1)[None]
+    if amap.kind == "cross" or amap.info.causal is False:
+        return torch.full((1, n_q), n_k)
+    return (amap.pattern > 0).any(0).any(0).sum(-1)[None]
+
+
+def tally_maps(maps: Sequence[AttentionMap], reducers: Sequence[Reducer] | None = None,
+               tokenizer: Any = None) -> Tally:
+    """Feed stored maps (``[layer, head, query, key]``, no padding) to ``reducers``.
+
+    ``tokenizer`` turns the stored token strings back into ids for token-aware reducers.
+    """
     reducers = list(reducers) if reducers is not None else default_reducers()
     tally = Tally()
     for amap in maps:
         n_q, n_k = len(amap.query_tokens), len(amap.key_tokens)
+        ids = {}
+        if tokenizer is not None:
+            ids = {"query_ids": _ids(amap.query_tokens, tokenizer),
+                   "key_ids": _ids(amap.key_tokens, tokenizer)}
         for i, layer in enumerate(amap.layers):
             block = RowBlock(pattern=amap.pattern[i][None],
                              query_valid=torch.ones(1, n_q, dtype=torch.bool),
                              query_pos=torch.arange(n_q)[None],
                              key_pos=torch.arange(n_k)[None],
-                             key_len=torch.tensor([n_k]))
+                             key_len=torch.tensor([n_k]),
+                             visible=_visible(amap, n_q, n_k), **ids)
             tally.add((amap.stack, amap.kind, layer), amap.heads, block, reducers)
     return tally
 
@@ -32,3 +88,23 @@ def summarize(maps: Sequence[AttentionMap],
     """One row per head: entropy, max weight, prev/self/next mass, first-key mass (means
     over every query row of every map)."""
     return tally_maps(maps, reducers).summary()
+
+
+def classify(maps: Sequence[AttentionMap] | Any, *, tokenizer: Any = None,
+             thresholds: Thresholds | None = None, window: int = 3) -> pd.DataFrame:
+    """Label every head of stored maps (or of a :class:`~attnprobe.heads.head_census.Census`).
+
+    Returns one row per head: ``stack, kind, layer, head, head_id, label, evidence, also``
+    and every score (see :mod:`attnprobe.heads.scores`). Without ``tokenizer`` the special
+    tokens are recognised by their usual spellings (``[CLS]``, ``<s>`` ...).
+    """
+    if hasattr(maps, "classify") and not isinstance(maps, Sequence):
+        return maps.classify(thresholds)
+    maps = list(maps)
+    if not maps:
+        raise InputError("no attention maps given")
+    if not all(isinstance(m, AttentionMap) for m in maps):
+        raise InputError("classify takes AttentionMap objects (e.g. from ap.extract) or a Census")
+    vocab = tokenizer if tokenizer is not None else MapVocabulary(maps)
+    tally = tally_maps(maps, census_reducers(vocab), tokenizer=vocab)
+    return classify_scores(wide_scores(tally, window=window), thresholds)

@@ -1,0 +1,228 @@
+"""Every census statistic of one block of rows, in a handful of tensor operations.
+
+The census needs about thirty numbers per head. Computed one reducer at a time they cost as
+much as the forward pass itself, so :class:`CensusStats` builds two feature tensors and
+reads everything off them:
+
+* ``key features`` ``[batch, key, f]``: first token, each special-token role, all special
+  tokens, punctuation, content (non-special) — one batched matmul gives every row's mass on
+  each feature;
+* ``pair features`` ``[batch, query, key, g]``: same token (duplicate), previous token
+  matches (induction), earlier / later, own segment — one more batched matmul;
+* relative offsets are scattered into bins, and row entropies and maxima come from one pass.
+
+Statistic names are documented in :mod:`attnprobe.heads.scores`.
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnprobe.heads.reducers import REDUCERS, RowBlock, Sums
+
+# Names of the special tokens a tokenizer may define, in the order they are reported.
+SPECIAL_ROLES = ("cls", "sep", "bos", "eos")
+PARTS = frozenset({"rows", "offsets", "classes", "match", "segments"})
+_EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def _ids(values: Any) -> torch.Tensor:
+    return torch.as_tensor(sorted({int(v) for v in values}), dtype=torch.long)
+
+
+def _is_punctuation(token: str) -> bool:
+    """A token made only of punctuation characters once sub-word markers are removed."""
+    text = token.replace("##", "").lstrip("Ġ▁")
+    return bool(text) and all(
+        ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
+
+
+def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Id sets per token class of a tokenizer: ``cls``/``sep``/``bos``/``eos`` (those it has;
+    a role sharing its id with an earlier one, e.g. GPT-2's eos = bos, is left out),
+    ``special`` (every special token) and ``punct`` (tokens made only of punctuation)."""
+    classes: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for role in SPECIAL_ROLES:
+        token_id = getattr(tokenizer, f"{role}_token_id", None)
+        if isinstance(token_id, int) and token_id not in seen:
+            classes[role] = _ids([token_id])
+            seen.add(token_id)
+    special = set(getattr(tokenizer, "all_special_ids", []) or []) | seen
+    classes["special"] = _ids(special)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    classes["punct"] = _ids(i for tok, i in vocab.items() if _is_punctuation(tok)
+                            and i not in special)
+    return classes
+
+
+def _previous_ids(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``[batch, key]``: the id of the real token before each key (-1 for the first/padding)."""
+    shifted = torch.roll(ids, 1, dims=-1)
+    real_before = torch.roll(pos, 1, dims=-1) == pos - 1
+    return torch.where((pos >= 1) & real_before, shifted, torch.full_like(ids, -1))
+
+
+def _segments(key_ids: torch.Tensor, real: torch.Tensor, separators: torch.Tensor
+              ) -> torch.Tensor:
+    """``[batch, key]`` segment index; a separator closes the segment it ends."""
+    is_sep = (torch.isin(key_ids, separators) & real).long()
+    return torch.cumsum(is_sep, -1) - is_sep
+
+
+@REDUCERS.register("census")
+@dataclass(frozen=True, eq=False)
+class CensusStats:
+    """The census reducer (see the module docstring).
+
+    Args:
+        classes: token class -> ids, from :func:`token_classes`; empty without a tokenizer.
+        max_offset: offsets beyond ±max_offset are pooled into ``offset@far``/``argmax@far``.
+        parts: which groups of statistics to compute (``PARTS``); token-based groups need
+            token ids in the blocks.
+        prefix: prepended to the token-match names (``rep_`` for the repeated-token probe).
+    """
+
+    classes: dict[str, torch.Tensor] = field(default_factory=dict)
+    max_offset: int | None = None
+    parts: frozenset[str] = PARTS
+    prefix: str = ""
+    name: str = "census"
+
+    def __call__(self, block: RowBlock) -> dict[str, Sums]:
+        a = block.pattern.float()
+        parts = self.parts if self.classes or block.key_ids is not None else \
+            self.parts & {"rows", "offsets"}
+        out: dict[str, Sums] = {}
+        if "rows" in parts:
+            out.update(self._rows(block, a))
+        rel = (block.key_pos[:, None, :] - block.query_pos[:, :, None]).to(a.device)
+        real = (block.real_keys()[:, None, :] & block.query_valid[:, :, None]).to(a.device)
+        if "offsets" in parts and real.any():
+            out.update(self._offsets(block, a, rel, real))
+        if parts & {"classes", "match", "segments"}:
+            if block.query_ids is None or block.key_ids is None:
+                block.require_ids("token-class, duplicate/induction and block")
+            out.update(self._tokens(block, a, rel, parts))
+        return out
+
+    # ------------------------------------------------------------------------ rows
+    @staticmethod
+    def _rows(block: RowBlock, a: torch.Tensor) -> dict[str, Sums]:
+        entropy = -torch.special.xlogy(a, a).sum(-1)  # [batch, head, q]
+        visible = block.visible_keys().to(a.device, torch.float32)[:, None, :]
+        several = (visible > 1) & block.query_valid[:, None, :].to(a.device)
+        normed = torch.where(several, entropy / visible.clamp(min=2).log(), 0.0)
+        n_heads = a.shape[1]
+        return {
+            "entropy": block.masked_row_sum(entropy),
+            "entropy_norm": (normed.sum(dim=(0, 2), dtype=torch.float64),
+                             several.sum(dim=(0, 2)).to(torch.float64).expand(n_heads)),
+            "chance_weight": block.masked_row_sum((1 / visible).expand_as(entropy)),
+            "max_weight": block.masked_row_sum(a.amax(-1)),
+        }
+
+    # --------------------------------------------------------------------- offsets
+    def _offsets(self, block: RowBlock, a: torch.Tensor, rel: torch.Tensor,
+                 real: torch.Tensor) -> dict[str, Sums]:
+        batch, n_heads, q_len, k_len = a.shape
+        limit = self.max_offset
+        lo, hi = int(rel[real].min()), int(rel[real].max())
+        if limit is not None:
+            lo, hi = max(lo, -limit - 1), min(hi, limit + 1)
+        n_bins = hi - lo + 1
+        bins = (rel.clamp(lo, hi) - lo)[:, None].expand(batch, n_heads, q_len, k_len)
+        weights = a * real[:, None].to(a)
+        profile = a.new_zeros(batch, n_heads, q_len, n_bins).scatter_add_(-1, bins, weights)
+        rows = block.query_valid[:, None, :, None].to(a.device)
+        mass = torch.where(rows, profile, 0.0).sum(dim=(0, 2), dtype=torch.float64)  # [h, bins]
+        top = torch.gather(bins, -1, a.argmax(-1, keepdim=True))[..., 0]  # [batch, head, q]
+        heads = torch.arange(n_heads, device=a.device)[None, :, None]
+        valid = rows[..., 0].expand_as(top)
+        shares = torch.bincount((top + n_bins * heads)[valid], minlength=n_heads * n_bins)
+        shares = shares.view(n_heads, n_bins).to(torch.float64)
+        distance = torch.einsum("bhqk,bqk->bhq", weights, rel.abs().to(a))
+        out: dict[str, Sums] = {"distance": block.masked_row_sum(distance)}
+        for b in range(n_bins):
+            offset = lo + b
+            label = "far" if limit is not None and abs(offset) > limit else f"{offset:+d}"
+            for stat, values in ((f"offset@{label}", mass), (f"argmax@{label}", shares)):
+                out[stat] = out[stat] + values[:, b] if stat in out else values[:, b]
+        return out
+
+    # ---------------------------------------------------------------------- tokens
+    def _tokens(self, block: RowBlock, a: torch.Tensor, rel: torch.Tensor,
+                parts: frozenset[str]) -> dict[str, Sums]:
+        q_ids, k_ids = block.query_ids.to(a.device), block.key_ids.to(a.device)
+        real = block.real_keys().to(a.device)
+        special = self.classes.get("special", _EMPTY).to(a.device)
+        content = real & ~torch.isin(k_ids, special)  # [batch, key]
+        out: dict[str, Sums] = {}
+        if "classes" in parts:
+            features = [(block.key_pos == 0).to(a.device) & real]
+            features += [torch.isin(k_ids, ids.to(a.device)) & real
+                         for ids in self.classes.values()]
+            masses = torch.einsum("bhqk,bkf->bhqf", a, torch.stack(features, -1).to(a))
+            for i, name in enumerate(["first", *self.classes]):
+                out[name] = block.masked_row_sum(masses[..., i])
+        if parts & {"match", "segments"}:
+            out.update(self._pairs(block, a, rel, q_ids, k_ids, real, content, special, parts))
+        return out
+
+    def _pairs(self, block: RowBlock, a: torch.Tensor, rel: torch.Tensor, q_ids: torch.Tensor,
+               k_ids: torch.Tensor, real: torch.Tensor, content: torch.Tensor,
+               special: torch.Tensor, parts: frozenset[str]) -> dict[str, Sums]:
+        """Masses on query-key pair patterns, renormalised over the pattern's key set."""
+        content_row = block.query_valid.to(a.device) & ~torch.isin(q_ids, special)
+        keys = content[:, None, :].expand_as(rel)  # [batch, q, key]
+        # name -> (pattern [batch, q, key], keys it is renormalised over, extra row condition)
+        patterns: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        if "match" in parts:
+            same = q_ids[:, :, None] == k_ids[:, None, :]
+            follows = q_ids[:, :, None] == _previous_ids(k_ids, block.key_pos.to(a.device))[
+                :, None, :]
+            earlier, later = rel < 0, rel > 0
+            p = self.prefix
+            patterns[p + "prev"] = (rel == -1, keys, None)
+            patterns[p + "duplicate"] = (same & earlier, keys, None)
+            patterns[p + "induction"] = (follows & earlier & (rel != -1), keys, None)
+            patterns[p + "duplicate_ahead"] = (same & later, keys, None)
+            patterns[p + "induction_ahead"] = (follows & later & (rel != 1), keys, None)
+        if "segments" in parts and "sep" in self.classes:
+            segment = _segments(k_ids, real, self.classes["sep"].to(a.device))
+            n_segments = torch.where(content, segment, -1).amax(-1) + 1  # [batch]
+            at = (block.key_pos[:, None, :] == block.query_pos[:, :, None]).to(a.device) & \
+                real[:, None, :]
+            q_segment = (at.long() * torch.where(real, segment, 0)[:, None, :]).sum(-1)
+            far = keys & (rel.abs() > 1)
+            own = segment[:, None, :] == q_segment[:, :, None]
+            patterns["block"] = (own, far, (n_segments >= 2)[:, None].expand_as(q_segment))
+        if not patterns:
+            return {}
+        # distinct key sets to renormalise over (content keys, far content keys)
+        bases = list({id(k): k for _, k, _ in patterns.values()}.values())
+        base_of = [next(b for b, k in enumerate(bases) if k is keys_) for _, keys_, _ in
+                   patterns.values()]
+        hits = [p & k for p, k, _ in patterns.values()]
+        pair = torch.stack(hits + bases, -1).to(a)  # [batch, q, key, g]
+        mass = torch.einsum("bhqk,bqkg->bhqg", a, pair)
+        n_hits = len(hits)
+        out: dict[str, Sums] = {}
+        n_heads = a.shape[1]
+        for i, (name, (_, _, condition)) in enumerate(patterns.items()):
+            base = mass[..., n_hits + base_of[i]]
+            present = bases[base_of[i]] if name == "block" else hits[i]
+            rows = content_row & present.any(-1)
+            if condition is not None:
+                rows = rows & condition
+            counted = rows[:, None, :] & (base > 0)  # [batch, head, q]
+            share = mass[..., i] / base.clamp(min=1e-30)
+            sums = torch.where(counted, share, 0.0).sum(dim=(0, 2), dtype=torch.float64)
+            counts = counted.sum(dim=(0, 2)).to(torch.float64)
+            out[name] = (sums, counts if counts.shape[0] == n_heads else counts.expand(n_heads))
+        return out

@@ -1,0 +1,312 @@
+"""The head census: every per-head score over a corpus, streamed batch by batch.
+
+:func:`census` runs the model once per batch inside :func:`~attnprobe.capture.capture`.
+Streaming reducers (entropy, offsets, token classes, token matches, segments) see the
+weights as they are computed; when trees are given (or parsed) the batch's padded weights
+are also turned into word-level maps and scored against the dependency relations, and head
+distances (Jensen–Shannon) are accumulated. Each batch yields a mergeable part; parts are
+summed in batch order, so a run split across processes (``torch.distributed``) gives the
+same numbers as one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attnprobe.capture import capture
+from attnprobe.capture.recorder import BatchPatterns, positions
+from attnprobe.errors import InputError
+from attnprobe.extraction import _model_inputs, check_texts, max_length_of
+from attnprobe.heads import labels
+from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.heads.reducers import Reducer, RowBlock, Tally
+from attnprobe.heads.scores import census_reducers, offset_table, wide_scores
+from attnprobe.heads.similarity import HeadDistances, cluster_heads
+from attnprobe.heads.syntax import SyntaxCounts, score_batch
+from attnprobe.heads.trees import Tree, parse
+from attnprobe.heads.words import to_words
+
+
+@dataclass
+class CensusPart:
+    """What one batch contributed; parts add exactly."""
+
+    tally: Tally = field(default_factory=Tally)
+    syntax: SyntaxCounts | None = None
+    distances: HeadDistances | None = None
+    sentences: int = 0
+
+    def __add__(self, other: CensusPart) -> CensusPart:
+        def plus(a: Any, b: Any) -> Any:
+            return b if a is None else a if b is None else a + b
+
+        return CensusPart(self.tally + other.tally, plus(self.syntax, other.syntax),
+                          plus(self.distances, other.distances),
+                          self.sentences + other.sentences)
+
+
+@dataclass
+class Census:
+    """Census results. Tables are computed from the merged sums on request.
+
+    Attributes:
+        part: merged sums (tally of streaming statistics, syntax counts, head distances).
+        skipped: ids of sentences left out because they were too long (``on_long="skip"``).
+        window: offsets ±window get their own score column.
+    """
+
+    part: CensusPart
+    skipped: tuple[str, ...] = ()
+    window: int = 3
+    min_count: int = 20
+
+    @property
+    def n_sentences(self) -> int:
+        return self.part.sentences
+
+    def scores(self) -> pd.DataFrame:
+        """One row per head, every score (columns in ``attnprobe.heads.scores``)."""
+        extra = self.part.syntax.per_head(self.min_count) if self.part.syntax else None
+        return wide_scores(self.part.tally, window=self.window, extra=extra)
+
+    def classify(self, thresholds: labels.Thresholds | None = None) -> pd.DataFrame:
+        """Scores plus ``label``, ``evidence`` and ``also`` per head."""
+        return labels.classify_scores(self.scores(), thresholds)
+
+    def layer_profile(self, thresholds: labels.Thresholds | None = None
+                      ) -> pd.DataFrame:
+        return labels.layer_profile(self.classify(thresholds))
+
+    def syntax(self, min_count: int = 1) -> pd.DataFrame:
+        """Best head per relation vs the best fixed-offset baseline (Clark et al. Table 1)."""
+        if self.part.syntax is None:
+            raise InputError("this census had no dependency trees; pass trees= or syntax=True")
+        return self.part.syntax.table(min_count)
+
+    def offsets(self) -> pd.DataFrame:
+        """Mass and argmax share at every relative offset, per head (long form)."""
+        return offset_table(self.part.tally)
+
+    def distances(self) -> pd.DataFrame:
+        """Mean Jensen–Shannon divergence between every pair of heads (long form)."""
+        if self.part.distances is None:
+            raise InputError("head distances were not computed (similarity=False)")
+        return self.part.distances.to_frame()
+
+    def clusters(self, n_clusters: int = 6, seed: int = 0) -> pd.DataFrame:
+        if self.part.distances is None:
+            raise InputError("head distances were not computed (similarity=False)")
+        return cluster_heads(self.part.distances, n_clusters, seed)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One sentence to run: its words (when it has a tree) or text, and its token count."""
+
+    index: int
+    sentence_id: str
+    text: str | None
+    tree: Tree | None
+    n_tokens: int
+
+
+def _encode(tokenizer: Any, items: Sequence[_Item]) -> tuple[dict[str, torch.Tensor],
+                                                                torch.Tensor | None]:
+    """Padded batch, and ``[batch, token]`` word index of each token (-1: special/padding)."""
+    if items[0].tree is None:
+        enc = tokenizer([it.text for it in items], padding=True, return_tensors="pt")
+        return dict(enc), None
+    words = [list(it.tree.words) for it in items]
+    enc = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+    token_word = torch.full(enc["input_ids"].shape, -1, dtype=torch.long)
+    for b in range(len(items)):
+        for t, w in enumerate(enc.word_ids(b)):
+            if w is not None:
+                token_word[b, t] = w
+    return dict(enc), token_word
+
+
+def _lengths(tokenizer: Any, texts: Sequence[str] | None,
+             trees: Sequence[Tree] | None) -> list[int]:
+    if trees is not None:
+        try:
+            enc = tokenizer([list(t.words) for t in trees], is_split_into_words=True)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"this tokenizer cannot take pre-split words ({exc}); "
+                             "syntax needs a tokenizer that can") from None
+        lengths = [len(ids) for ids in enc["input_ids"]]
+        for tree, b in zip(trees, range(len(trees)), strict=True):
+            covered = {w for w in enc.word_ids(b) if w is not None}
+            if len(covered) != len(tree.words):
+                missing = sorted(set(range(len(tree.words))) - covered)[0]
+                raise InputError(f"sentence {tree.sentence_id}: word {missing + 1} "
+                                 f"{tree.words[missing]!r} gives no token")
+        return lengths
+    return [len(ids) for ids in tokenizer(list(texts))["input_ids"]]
+
+
+def _items(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
+           trees: Sequence[Tree] | None, max_length: int | None,
+           on_long: str) -> tuple[list[_Item], tuple[str, ...]]:
+    if on_long not in ("error", "skip"):
+        raise InputError(f"on_long must be 'error' or 'skip'; got {on_long!r}")
+    lengths = _lengths(tokenizer, texts, trees)
+    limit = max_length_of(model, tokenizer)
+    if max_length is not None:
+        limit = min(limit, max_length) if limit else max_length
+    items, skipped = [], []
+    for i, n in enumerate(lengths):
+        tree = trees[i] if trees is not None else None
+        sentence_id = tree.sentence_id if tree is not None else str(i)
+        if limit is not None and n > limit:
+            if on_long == "error":
+                raise InputError(f"sentence {sentence_id} has {n} tokens but the model takes at "
+                                 f"most {limit}; shorten it or pass on_long='skip' "
+                                 "(CLI: --skip-long)")
+            skipped.append(sentence_id)
+            continue
+        text = texts[i] if texts is not None else None
+        items.append(_Item(i, sentence_id, text, tree, n))
+    if not items:
+        raise InputError(f"every sentence was skipped as too long ({len(skipped)})")
+    return items, tuple(skipped)
+
+
+def _batches(items: list[_Item], batch_size: int) -> list[list[_Item]]:
+    """Sentences sorted by length, so a batch holds similar lengths and little padding."""
+    if batch_size < 1:
+        raise InputError(f"batch_size must be positive; got {batch_size}")
+    ordered = sorted(items, key=lambda it: (it.n_tokens, it.index))
+    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+def _main_self(batches: list[BatchPatterns]) -> BatchPatterns:
+    return next(b for b in batches if b.kind == "self")
+
+
+def _tally_layers(patterns: BatchPatterns, reducers: list[Reducer]) -> Tally:
+    """Every layer of one batch through the reducers in one go (a few large tensor
+    operations instead of many small ones per layer); same sums as streaming."""
+    pattern = patterns.pattern  # [batch, layer, head, q, k]
+    n_batch, n_layers, n_heads, q_len, k_len = pattern.shape
+    # keys any head of any layer gave weight to: what the mask let each row see
+    seen = (pattern > 0).flatten(1, 2).any(1) & patterns.key_valid[:, None, :]
+    block = RowBlock(pattern=pattern.reshape(n_batch, n_layers * n_heads, q_len, k_len),
+                     query_valid=patterns.query_valid, query_pos=positions(patterns.query_valid),
+                     key_pos=positions(patterns.key_valid),
+                     key_len=patterns.key_valid.sum(-1).clamp(min=1), visible=seen.sum(-1),
+                     query_ids=patterns.query_ids, key_ids=patterns.key_ids)
+    sums: dict[str, Any] = {}
+    for reducer in reducers:
+        sums.update(reducer(block))
+    rows = float(patterns.query_valid.sum())
+    tally = Tally()
+    for li, layer in enumerate(patterns.layers):
+        heads = slice(li * n_heads, (li + 1) * n_heads)
+        layer_sums = {name: tuple(v[heads] for v in value) if isinstance(value, tuple)
+                      else value[heads] for name, value in sums.items()}
+        tally.add_sums((patterns.stack, patterns.kind, layer), patterns.heads, rows, layer_sums)
+    return tally
+
+
+def _run_batch(model: nn.Module, tokenizer: Any, items: list[_Item], reducers: list,
+               similarity: bool, similarity_rows: int | None, from_agg: str) -> CensusPart:
+    batch, token_word = _encode(tokenizer, items)
+    keep = similarity or token_word is not None
+    with torch.no_grad(), capture(model, keep=keep, reducers=None if keep else reducers) as cap:
+        model(**_model_inputs(model, batch))
+    part = CensusPart(tally=cap.tally, sentences=len(items))
+    if not keep:
+        return part
+    groups = cap.batches()
+    part.tally = sum((_tally_layers(group, reducers) for group in groups), Tally())
+    patterns = _main_self(groups)
+    if similarity:
+        part.distances = HeadDistances.from_batch(patterns, max_rows=similarity_rows)
+    if token_word is not None:
+        trees = [it.tree for it in items]
+        n_words = max(len(t.words) for t in trees)
+        word_pattern = to_words(patterns.pattern.to(torch.float32), token_word, n_words,
+                                from_agg=from_agg)
+        word_mask = torch.arange(n_words)[None, :] < torch.tensor([len(t) for t in trees])[:, None]
+        part.syntax = score_batch(word_pattern, word_mask, trees, layers=patterns.layers,
+                                  heads=patterns.heads, stack=patterns.stack, kind=patterns.kind)
+    return part
+
+
+def _gather(parts: list[tuple[int, CensusPart]]) -> list[tuple[int, CensusPart]]:
+    """Every rank's parts on every rank (torch.distributed, any backend with objects)."""
+    dist = torch.distributed
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, parts)
+    return [p for rank_parts in gathered for p in rank_parts]
+
+
+def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
+           trees: Sequence[Tree] | None = None, syntax: bool | None = None,
+           similarity: bool = True, similarity_rows: int | None = 32,
+           repeated: bool = True, batch_size: int = 32,
+           max_length: int | None = None, on_long: str = "error", window: int = 3,
+           min_count: int = 20, from_agg: str = "mean", nlp: Any = None,
+           distributed: bool | None = None, progress: bool = False) -> Census:
+    """Score every head of ``model`` over a corpus.
+
+    Args:
+        texts / trees: raw sentences, or dependency trees (e.g. from
+            :func:`~attnprobe.heads.trees.read_conllu`) whose words are fed pre-split.
+        syntax: parse ``texts`` with spaCy (``nlp`` or the packaged English pipeline) to
+            score heads against dependency relations; default: only when trees are given.
+        similarity: accumulate Jensen–Shannon distances between heads (keeps each batch's
+            weights briefly; switch off for very long inputs).
+        similarity_rows: query rows per batch used for the distances, evenly spaced over
+            the batch (their cost is heads² × rows × keys); ``None``: every row.
+        repeated: also run the repeated-random-token probe (``rep_*`` scores).
+        on_long: ``"error"`` (default) names the first sentence longer than the model allows;
+            ``"skip"`` leaves such sentences out and lists them in ``Census.skipped``.
+        distributed: split batches across the ranks of an initialised ``torch.distributed``
+            process group and all-gather the parts (default: when a group is initialised).
+        progress: show a progress bar over batches (tqdm).
+
+    Returns:
+        A :class:`Census`; ``.scores()``, ``.classify()``, ``.syntax()``, ``.layer_profile()``,
+        ``.distances()`` give tidy tables.
+    """
+    if (texts is None) == (trees is None):
+        raise InputError("give texts or trees (not both)")
+    if texts is not None:
+        texts = check_texts(texts)
+        if syntax:
+            trees, texts = parse(texts, nlp=nlp), None
+    elif syntax is False:
+        raise InputError("trees were given but syntax=False; pass texts instead")
+    trees = list(trees) if trees is not None else None
+    if trees is not None and not trees:
+        raise InputError("no trees given")
+    items, skipped = _items(model, tokenizer, texts, trees, max_length, on_long)
+    reducers = census_reducers(tokenizer)
+    dist = torch.distributed
+    if distributed is None:
+        distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    batches = list(enumerate(_batches(items, batch_size)))[rank::world]
+    if progress:
+        from attnprobe._optional import require
+
+        batches = require("tqdm").tqdm(batches, desc="census", unit="batch",
+                                       disable=rank != 0)
+    parts = [(i, _run_batch(model, tokenizer, group, reducers, similarity, similarity_rows,
+                            from_agg)) for i, group in batches]
+    if distributed:
+        parts = _gather(parts)
+    merged = CensusPart()
+    for _, part in sorted(parts, key=lambda p: p[0]):  # the same order on every rank count
+        merged = merged + part
+    if repeated:
+        merged.tally = merged.tally + repeated_token_scores(model, tokenizer)
+    return Census(merged, skipped, window, min_count)

@@ -1,0 +1,154 @@
+"""Jensen–Shannon distance between heads (Clark et al. §6), mergeable, and head clustering.
+
+Two heads are close when they put their attention in the same places on the same tokens:
+``D(a, b)`` is the mean over query rows of ``JS(a_i, b_i)`` (natural log, so at most
+``ln 2``), with each row smoothed as Clark does (``0.999 a + 0.001 / n``). Sums and the row
+count are kept, so batches, processes and machines merge exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+
+from attnprobe._optional import require
+from attnprobe.errors import InputError
+from attnprobe.types import head_id
+
+if TYPE_CHECKING:  # the capture package imports heads; avoid the cycle at run time
+    from attnprobe.capture.recorder import BatchPatterns
+
+SMOOTHING = 0.001
+# Pairwise work is done on chunks of about this many float32 elements.
+_CHUNK_ELEMENTS = 1 << 24
+
+HeadKey = tuple[str, str, int, int]  # (stack, kind, layer, head)
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    return torch.special.entr(p).sum(-1)
+
+
+def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
+    """Summed JS divergence between every pair of heads.
+
+    Args:
+        rows: ``[head, row, key]`` distributions (each row sums to 1).
+
+    Returns:
+        ``[head, head]`` float64: ``Σ_rows JS(rows[a], rows[b])``, symmetric, zero diagonal.
+    """
+    n_heads, n_rows, n_keys = rows.shape
+    first, second = torch.triu_indices(n_heads, n_heads, offset=1)
+    own = _entropy(rows).sum(-1, dtype=torch.float64)  # [head]: Σ_rows H(row)
+    out = torch.zeros(n_heads, n_heads, dtype=torch.float64)
+    step = max(1, _CHUNK_ELEMENTS // max(1, n_rows * n_keys))
+    for start in range(0, len(first), step):
+        a, b = first[start:start + step], second[start:start + step]
+        mixed = _entropy((rows[a] + rows[b]) / 2).sum(-1, dtype=torch.float64)  # [pairs]
+        out[a, b] = (mixed - (own[a] + own[b]) / 2).clamp(min=0)
+    return out + out.T
+
+
+@dataclass
+class HeadDistances:
+    """Mergeable JS sums between heads. ``a + b`` adds sums and row counts exactly."""
+
+    heads: tuple[HeadKey, ...] = ()
+    sums: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))
+    rows: float = 0.0
+
+    @classmethod
+    def from_batch(cls, batch: BatchPatterns, smoothing: float = SMOOTHING,
+                   max_rows: int | None = None) -> HeadDistances:
+        """JS sums over the real query rows of one padded batch (all its layers and heads).
+
+        ``max_rows``: use at most this many rows, evenly spaced over the batch's real rows
+        (the pairwise cost grows with heads² × rows × keys); ``None`` uses every row.
+        """
+        pattern = batch.pattern.to(torch.float32)  # [batch, layer, head, q, k]
+        n_batch, n_layers, n_heads, q_len, k_len = pattern.shape
+        rows = pattern.permute(1, 2, 0, 3, 4)[:, :, batch.query_valid]  # [layer, head, row, k]
+        example = torch.arange(n_batch)[:, None].expand(n_batch, q_len)[batch.query_valid]
+        real = batch.key_valid.to(torch.float32)
+        uniform = (real / real.sum(-1, keepdim=True).clamp(min=1))[example]  # [row, k]
+        if max_rows is not None and rows.shape[2] > max_rows:
+            keep = torch.linspace(0, rows.shape[2] - 1, max_rows).round().long()
+            rows, uniform = rows[:, :, keep], uniform[keep]
+        rows = (1 - smoothing) * rows + smoothing * uniform
+        keys = tuple((batch.stack, batch.kind, layer, head)
+                     for layer in batch.layers for head in batch.heads)
+        flat = rows.reshape(n_layers * n_heads, -1, k_len)
+        return cls(keys, pairwise_js(flat), float(flat.shape[1]))
+
+    def __radd__(self, other: object) -> HeadDistances:
+        if other == 0:
+            return self
+        return NotImplemented
+
+    def __add__(self, other: HeadDistances) -> HeadDistances:
+        if not isinstance(other, HeadDistances):
+            return NotImplemented
+        if not self.heads:
+            return other
+        if not other.heads:
+            return self
+        if self.heads != other.heads:
+            raise InputError("cannot merge head distances over different heads")
+        return HeadDistances(self.heads, self.sums + other.sums, self.rows + other.rows)
+
+    def matrix(self) -> pd.DataFrame:
+        """Square ``[head, head]`` table of mean JS per row (nats), indexed by head id."""
+        if not self.rows:
+            raise InputError("no attention rows were seen: nothing to compare")
+        names = [_name(key) for key in self.heads]
+        return pd.DataFrame((self.sums / self.rows).numpy(), index=names, columns=names)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy pairs: ``head_a, head_b, layer_a, head_a_index, layer_b, head_b_index, js``."""
+        means = (self.sums / max(self.rows, 1.0)).tolist()
+        rows = []
+        for i, a in enumerate(self.heads):
+            for j, b in enumerate(self.heads):
+                if i < j:
+                    rows.append((_name(a), _name(b), a[2], a[3], b[2], b[3], means[i][j]))
+        return pd.DataFrame(rows, columns=["head_a", "head_b", "layer_a", "head_a_index",
+                                           "layer_b", "head_b_index", "js"])
+
+
+def _name(key: HeadKey) -> str:
+    stack, kind, layer, head = key
+    prefix = f"{stack}:{kind}:" if stack or kind != "self" else ""
+    return prefix + head_id(layer, head)
+
+
+def cluster_heads(distances: HeadDistances, n_clusters: int = 6, seed: int = 0) -> pd.DataFrame:
+    """Group heads by behaviour: average-linkage clusters and a 2-D MDS embedding.
+
+    Returns one row per head: ``head_id, stack, kind, layer, head, cluster, x, y``.
+    Needs the ``report`` extra (scipy, scikit-learn).
+    """
+    hierarchy = require("scipy.cluster.hierarchy")
+    distance = require("scipy.spatial.distance")
+    manifold = require("sklearn.manifold")
+    matrix = distances.matrix()
+    n = len(matrix)
+    if n < 2:
+        raise InputError("clustering needs at least two heads")
+    if not 1 <= n_clusters <= n:
+        raise InputError(f"n_clusters must be between 1 and {n} (the number of heads)")
+    values = matrix.to_numpy()
+    values = (values + values.T) / 2
+    links = hierarchy.linkage(distance.squareform(values, checks=False), method="average")
+    labels = hierarchy.fcluster(links, t=n_clusters, criterion="maxclust")
+    mds = manifold.MDS(n_components=2, dissimilarity="precomputed", random_state=seed,
+                       n_init=4, max_iter=500, normalized_stress="auto")
+    xy = mds.fit_transform(values)
+    rows = [(name, *key, int(c), float(x), float(y))
+            for name, key, c, (x, y) in zip(matrix.index, distances.heads, labels, xy,
+                                            strict=True)]
+    return pd.DataFrame(rows, columns=["head_id", "stack", "kind", "layer", "head", "cluster",
+                                       "x", "y"])

@@ -1,0 +1,377 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnprobe.errors import InputError
+from attnprobe.heads.labels import (
+    INDEX_COLUMNS,
+    PRECEDENCE,
+    RULES,
+    Thresholds,
+    classify_scores,
+    layer_profile,
+)
+
+NAN = float("nan")
+
+
+def head(layer=0, index=0, stack="encoder", kind="self", **scores):
+    """One row of the score table: index columns plus the given scores."""
+    return {"stack": stack, "kind": kind, "layer": layer, "head": index,
+            "head_id": f"L{layer}H{index}", **scores}
+
+
+def classify_one(thresholds=None, **scores):
+    """The classified row of a one-head table."""
+    return classify_scores(pd.DataFrame([head(**scores)]), thresholds).iloc[0]
+
+
+def map_scores(pattern):
+    """Scores of one [query, key] self-attention pattern, straight from the definitions."""
+    a = np.asarray(pattern, dtype=float)
+    n = a.shape[0]
+    h = -np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1)), 0), axis=1)
+    mass = {name: np.mean([a[i, i + d] if 0 <= i + d < n else 0.0 for i in range(n)])
+            for name, d in (("prev", -1), ("self", 0), ("next", 1))}
+    return {"entropy": h.mean(), "entropy_norm": (h / math.log(n)).mean(),
+            "max_weight": a.max(axis=1).mean(), "chance_weight": 1 / n, **mass}
+
+
+# ---- each label fires for a row built to satisfy it ------------------------------------------
+
+LABEL_CASES = [
+    ("collapsed", {"entropy_norm": 0.01, "max_weight": 0.99},
+     "entropy_norm=0.01 < 0.05, max_weight=0.99 > 0.95"),
+    ("sink", {"sep": 0.7, "cls": 0.1, "special": 0.8}, "sep=0.7 > 0.6"),
+    ("sink", {"first": 0.9, "bos": NAN}, "first=0.9 > 0.6"),
+    ("sink", {"cls": 0.3, "sep": 0.4, "special": 0.7}, "special=0.7 > 0.6"),
+    ("sink", {"punct": 0.65}, "punct=0.65 > 0.6"),
+    ("previous", {"prev": 0.83}, "prev=0.83 > 0.5"),
+    ("next", {"next": 0.7}, "next=0.7 > 0.5"),
+    ("self", {"self": 0.6}, "self=0.6 > 0.5"),
+    ("previous", {"pos_score": 0.95, "pos_offset": -1, "max_weight": 0.85},
+     "pos_offset=-1, pos_score=0.95 >= 0.9, max_weight=0.85 > 0.8"),
+    ("next", {"pos_score": 0.9, "pos_offset": 1, "max_weight": 0.85},
+     "pos_offset=+1, pos_score=0.9 >= 0.9, max_weight=0.85 > 0.8"),
+    ("self", {"pos_score": 0.92, "pos_offset": 0, "max_weight": 0.9},
+     "pos_offset=0, pos_score=0.92 >= 0.9, max_weight=0.9 > 0.8"),
+    ("offset", {"pos_score": 0.95, "pos_offset": 2, "max_weight": 0.85},
+     "pos_offset=+2, pos_score=0.95 >= 0.9, max_weight=0.85 > 0.8"),
+    ("offset", {"pos_score": 0.91, "pos_offset": -3, "max_weight": 0.81},
+     "pos_offset=-3, pos_score=0.91 >= 0.9, max_weight=0.81 > 0.8"),
+    ("vertical+diagonal",
+     {"prev": 0.25, "self": 0.25, "next": 0.125, "special": 0.35, "first": 0.1},
+     "prev+self+next=0.625 >= 0.3, special=0.35 >= 0.3"),
+    ("vertical+diagonal", {"prev": 0.25, "self": 0.0, "next": 0.25, "first": 0.5},
+     "prev+self+next=0.5 >= 0.3, first=0.5 >= 0.3"),
+    ("block", {"block": 0.85}, "block=0.85 >= 0.8"),
+    ("induction", {"rep_induction": 0.3, "rep_induction_ahead": 0.6},
+     "rep_induction_ahead=0.6 > 0.4"),
+    ("induction", {"rep_induction": 0.45}, "rep_induction=0.45 > 0.4"),
+    ("duplicate", {"rep_duplicate": 0.5, "rep_duplicate_ahead": 0.2}, "rep_duplicate=0.5 > 0.4"),
+    ("broad", {"entropy_norm": 0.9, "max_weight": 0.05, "chance_weight": 0.01},
+     "entropy_norm=0.9 >= 0.78, max_weight=0.05 <= 0.1"),
+    ("broad", {"entropy_norm": 0.8, "max_weight": 0.08},
+     "entropy_norm=0.8 >= 0.78, max_weight=0.08 <= 0.1"),
+    ("syntactic", {"syntax_relation": "nsubj", "syntax_margin": 0.15, "syntax_count": 40},
+     "syntax_relation=nsubj, syntax_margin=0.15 >= 0.1, syntax_count=40 >= 20"),
+    ("heterogeneous", {"entropy_norm": 0.5, "max_weight": 0.4, "prev": 0.2, "special": 0.1},
+     "no rule fired"),
+]
+
+
+@pytest.mark.parametrize(("label", "scores", "evidence"), LABEL_CASES,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(LABEL_CASES)])
+def test_each_label_fires_for_a_row_built_to_satisfy_it(label, scores, evidence):
+    row = classify_one(**scores)
+    assert (row["label"], row["evidence"], row["also"]) == (label, evidence, "")
+
+
+def test_every_label_but_the_fallback_has_one_registered_rule():
+    assert set(RULES.names()) == set(PRECEDENCE) - {"heterogeneous"}
+    assert PRECEDENCE[-1] == "heterogeneous" and len(set(PRECEDENCE)) == len(PRECEDENCE)
+
+
+def test_rules_are_plain_functions_of_row_and_thresholds():
+    t = Thresholds()
+    assert RULES.get("previous")({"prev": 0.6}, t) == "prev=0.6 > 0.5"
+    assert RULES.get("previous")({"prev": 0.4}, t) is None
+    assert RULES.get("sink")({}, t) is None
+
+
+# ---- precedence ------------------------------------------------------------------------------
+
+def test_sink_beats_previous_and_lists_it_in_also():
+    row = classify_one(sep=0.7, prev=0.55)
+    assert row["label"] == "sink" and row["evidence"] == "sep=0.7 > 0.6"
+    assert row["also"] == "previous"
+
+
+def test_also_lists_every_other_fired_label_in_precedence_order():
+    # sink (first), collapsed (entropy_norm, max_weight), induction; broad is impossible
+    # together with collapsed; syntactic fires on its own scores.
+    row = classify_one(entropy_norm=0.01, max_weight=0.99, first=0.99, rep_induction=0.5,
+                       syntax_margin=0.2, syntax_count=50, rep_duplicate=0.45)
+    assert row["label"] == "sink"
+    assert row["also"] == "collapsed, induction, duplicate, syntactic"
+
+
+def test_positional_labels_win_over_the_kovaleva_and_token_match_labels():
+    row = classify_one(prev=0.6, self=0.1, next=0.0, special=0.3, rep_induction=0.9,
+                       entropy_norm=0.7, max_weight=0.3)
+    assert row["label"] == "previous"
+    assert row["also"] == "vertical+diagonal, induction"
+    # a broad head is not vertical+diagonal, whatever chance mass it leaves on both
+    row = classify_one(prev=0.3, self=0.2, next=0.0, special=0.3, entropy_norm=0.8,
+                       max_weight=0.09)
+    assert row["label"] == "broad" and row["also"] == ""
+
+
+def test_block_does_not_fire_on_a_positional_head():
+    row = classify_one(block=0.9, pos_score=0.95, pos_offset=2, max_weight=0.9)
+    assert row["label"] == "offset" and row["also"] == ""
+    row = classify_one(block=0.9, prev=0.7)
+    assert row["label"] == "previous" and row["also"] == ""
+
+
+def test_fixed_offset_at_minus_one_is_previous_not_offset():
+    row = classify_one(pos_score=0.95, pos_offset=-1, max_weight=0.9, prev=0.9)
+    assert row["label"] == "previous" and row["evidence"] == "prev=0.9 > 0.5"
+    assert "offset" not in row["also"].split(", ")
+
+
+# ---- thresholds are parameters ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("scores", "change", "before", "after"), [
+    ({"prev": 0.45}, {"positional_mass": 0.4}, "heterogeneous", "previous"),
+    ({"sep": 0.7}, {"sink": 0.75}, "sink", "heterogeneous"),
+    ({"rep_induction": 0.35}, {"induction": 0.3}, "heterogeneous", "induction"),
+    ({"block": 0.75}, {"block": 0.7}, "heterogeneous", "block"),
+    ({"entropy_norm": 0.03, "max_weight": 0.97}, {"collapsed_max_weight": 0.98},
+     "collapsed", "heterogeneous"),
+    ({"entropy_norm": 0.9, "max_weight": 0.2, "chance_weight": 0.05},
+     {"broad_max_ratio": 4.0}, "heterogeneous", "broad"),
+    ({"syntax_margin": 0.15, "syntax_count": 15}, {"syntax_count": 10},
+     "heterogeneous", "syntactic"),
+])
+def test_changing_one_threshold_flips_the_label(scores, change, before, after):
+    assert classify_one(**scores)["label"] == before
+    assert classify_one(Thresholds(**change), **scores)["label"] == after
+
+
+def test_evidence_reports_the_threshold_in_use():
+    row = classify_one(Thresholds(positional_mass=0.4), prev=0.45)
+    assert row["evidence"] == "prev=0.45 > 0.4"
+
+
+def test_evidence_never_prints_a_value_equal_to_a_strict_threshold():
+    row = classify_one(prev=0.5001)
+    assert row["evidence"] == "prev=0.5001 > 0.5"
+
+
+# ---- missing and NaN scores do not fire ------------------------------------------------------
+
+def test_nan_scores_do_not_fire_their_rule():
+    assert classify_one(prev=NAN, entropy_norm=0.5)["label"] == "heterogeneous"
+    # one half of a conjunction missing: collapsed does not fire
+    assert classify_one(entropy_norm=0.01, max_weight=NAN)["label"] == "heterogeneous"
+    assert classify_one(entropy_norm=0.01)["label"] == "heterogeneous"
+    # a fixed offset needs its offset
+    assert classify_one(pos_score=0.95, pos_offset=NAN, max_weight=0.9)["label"] == "heterogeneous"
+    # vertical+diagonal needs all of prev, self, next
+    assert classify_one(prev=0.3, self=NAN, next=0.1, special=0.4)["label"] == "heterogeneous"
+
+
+def test_a_nan_alternative_does_not_stop_an_any_of_rule():
+    row = classify_one(rep_induction=NAN, rep_induction_ahead=0.6)
+    assert row["label"] == "induction" and row["evidence"] == "rep_induction_ahead=0.6 > 0.4"
+
+
+def test_block_is_nan_on_single_segment_inputs_and_does_not_fire():
+    assert classify_one(block=NAN, entropy_norm=0.5)["label"] == "heterogeneous"
+
+
+def test_nan_in_one_head_leaves_the_others_alone():
+    table = pd.DataFrame([head(0, 0, prev=0.9, sep=NAN), head(0, 1, prev=NAN, sep=0.9)])
+    assert list(classify_scores(table)["label"]) == ["previous", "sink"]
+
+
+# ---- broad on short inputs -------------------------------------------------------------------
+
+def test_uniform_rows_on_a_short_input_are_broad():
+    n = 8
+    scores = map_scores(np.full((n, n), 1 / n))
+    assert scores["entropy_norm"] == pytest.approx(1.0)
+    assert scores["max_weight"] == pytest.approx(1 / n) == scores["chance_weight"]
+    row = classify_one(**scores)
+    assert row["label"] == "broad"
+    # the 0.1 of Clark alone would reject it: 1/8 > 0.1
+    assert classify_one(Thresholds(broad_max_ratio=0.0), **scores)["label"] != "broad"
+    assert row["evidence"] == ("entropy_norm=1 >= 0.78, "
+                               "max_weight=0.125 <= 0.375 (3 x chance_weight=0.125)")
+
+
+def test_a_peaked_head_on_a_short_input_is_not_broad():
+    n, peak = 8, 0.45
+    pattern = np.full((n, n), (1 - peak) / (n - 1))
+    np.fill_diagonal(pattern, peak)
+    scores = map_scores(pattern)
+    # high entropy, so only the max-weight bound rejects it: 0.45 > 3 / 8
+    assert scores["entropy_norm"] >= 0.78 and scores["max_weight"] > 3 / n
+    assert RULES.get("broad")(scores, Thresholds()) is None
+    assert classify_one(**scores)["label"] == "heterogeneous"
+
+
+def test_long_inputs_keep_clarks_ten_percent():
+    n = 128  # 3 / 128 < 0.1: the bound is 0.1
+    assert classify_one(entropy_norm=0.9, max_weight=0.11, chance_weight=1 / n)["label"] \
+        == "heterogeneous"
+    assert classify_one(entropy_norm=0.9, max_weight=0.09, chance_weight=1 / n)["label"] \
+        == "broad"
+
+
+def test_analytic_identity_and_sub_diagonal_maps():
+    n = 8
+    # one-hot rows with a consistent target: the target wins, "collapsed" is listed in also
+    assert classify_one(**map_scores(np.eye(n)))["label"] == "self"
+    assert "collapsed" in classify_one(**map_scores(np.eye(n)))["also"].split(", ")
+    sub = np.eye(n, k=-1)
+    sub[0, 0] = 1.0
+    scores = map_scores(sub)
+    assert scores["prev"] == pytest.approx((n - 1) / n)
+    assert classify_scores(pd.DataFrame([head(**scores)]))["label"].item() == "previous"
+    # one-hot rows that go nowhere in particular are collapsed
+    scattered = np.eye(n)[[3, 0, 6, 1, 7, 2, 5, 4]]
+    assert classify_one(**map_scores(scattered))["label"] == "collapsed"
+
+
+# ---- output table ----------------------------------------------------------------------------
+
+def test_output_columns_and_scores_are_unchanged():
+    table = pd.DataFrame([head(1, 0, prev=0.9, syntax_relation="amod", pos_offset=-1),
+                          head(0, 1, entropy=2.0, prev=NAN, syntax_relation=None, pos_offset=2)],
+                         index=[10, 20])
+    out = classify_scores(table)
+    score_cols = ["prev", "syntax_relation", "pos_offset", "entropy"]
+    assert list(out.columns) == [*INDEX_COLUMNS, "label", "evidence", "also", *score_cols]
+    assert list(out["head_id"]) == ["L1H0", "L0H1"]  # input order kept
+    pd.testing.assert_frame_equal(out[score_cols], table[score_cols].reset_index(drop=True))
+    pd.testing.assert_frame_equal(out[list(INDEX_COLUMNS)],
+                                  table[list(INDEX_COLUMNS)].reset_index(drop=True))
+
+
+def test_reclassifying_an_output_replaces_its_labels():
+    first = classify_scores(pd.DataFrame([head(prev=0.6)]))
+    again = classify_scores(first, Thresholds(positional_mass=0.7))
+    assert list(again.columns) == list(first.columns)
+    assert again["label"].item() == "heterogeneous"
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+def test_bad_tables_raise_input_errors():
+    with pytest.raises(InputError, match="lacks column"):
+        classify_scores(pd.DataFrame([head(prev=0.9)]).drop(columns="head_id"))
+    with pytest.raises(InputError, match="empty"):
+        classify_scores(pd.DataFrame(columns=[*INDEX_COLUMNS, "prev"]))
+    with pytest.raises(InputError, match="no score columns"):
+        classify_scores(pd.DataFrame([head()]))
+    with pytest.raises(InputError, match="more than once"):
+        classify_scores(pd.DataFrame([head(0, 1, prev=0.1), head(0, 1, prev=0.2)]))
+    with pytest.raises(InputError, match="'prev' is not numeric"):
+        classify_scores(pd.DataFrame([head(prev="high")]))
+    with pytest.raises(InputError, match="DataFrame"):
+        classify_scores([head(prev=0.9)])
+
+
+def test_a_head_with_every_score_nan_is_an_error_naming_it():
+    table = pd.DataFrame([head(2, 0, prev=0.9, sep=0.1), head(2, 3, prev=NAN, sep=NAN)])
+    with pytest.raises(InputError, match=r"encoder/self L2H3 has no scores") as err:
+        classify_scores(table)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [NAN, float("inf"), "0.6", None, True])
+def test_thresholds_must_be_finite_numbers(value):
+    with pytest.raises(InputError, match="threshold sink"):
+        Thresholds(sink=value)
+
+
+def test_thresholds_accept_numpy_numbers():
+    t = Thresholds(syntax_count=np.int64(10), sink=np.float64(0.5))
+    assert classify_one(t, sep=0.55)["label"] == "sink"
+
+
+def test_thresholds_argument_must_be_a_thresholds():
+    with pytest.raises(InputError, match="Thresholds"):
+        classify_scores(pd.DataFrame([head(prev=0.9)]), {"positional_mass": 0.4})
+
+
+# ---- layer profile ---------------------------------------------------------------------------
+
+def profile_input():
+    rows = [
+        # layer 0: two previous-token heads and one broad head
+        head(0, 0, prev=0.8, self=0.1, next=0.0, entropy=1.0, entropy_norm=0.3,
+             max_weight=0.8, distance=1.0, first=0.1, special=0.1, syntax_accuracy=0.2),
+        head(0, 1, prev=0.6, self=0.2, next=0.1, entropy=1.5, entropy_norm=0.4,
+             max_weight=0.6, distance=1.5, first=0.0, special=0.05, syntax_accuracy=NAN),
+        head(0, 2, prev=0.05, self=0.05, next=0.05, entropy=4.0, entropy_norm=0.9,
+             max_weight=0.05, distance=20.0, first=0.05, special=0.1, syntax_accuracy=0.4),
+        # layer 1: one sink head
+        head(1, 0, prev=0.0, self=0.0, next=0.0, entropy=0.5, entropy_norm=0.1,
+             max_weight=0.9, distance=5.0, first=0.9, special=0.9, syntax_accuracy=0.1),
+    ]
+    return classify_scores(pd.DataFrame(rows))
+
+
+def test_layer_profile_shares_sum_to_one_and_means_are_per_layer():
+    classified = profile_input()
+    assert list(classified["label"]) == ["previous", "previous", "broad", "sink"]
+    profile = layer_profile(classified)
+    assert list(profile["layer"]) == [0, 1] and list(profile["n_heads"]) == [3, 1]
+    shares = profile[[f"share_{label}" for label in PRECEDENCE]]
+    assert shares.sum(axis=1).tolist() == pytest.approx([1.0, 1.0])
+    layer0, layer1 = profile.iloc[0], profile.iloc[1]
+    assert layer0["share_previous"] == pytest.approx(2 / 3)
+    assert layer0["share_broad"] == pytest.approx(1 / 3)
+    assert layer0["share_sink"] == 0.0 and layer1["share_sink"] == 1.0
+    assert layer0["entropy"] == pytest.approx((1.0 + 1.5 + 4.0) / 3)
+    assert layer0["entropy_norm"] == pytest.approx((0.3 + 0.4 + 0.9) / 3)
+    assert layer0["max_weight"] == pytest.approx((0.8 + 0.6 + 0.05) / 3)
+    assert layer0["distance"] == pytest.approx((1.0 + 1.5 + 20.0) / 3)
+    assert layer0["first"] == pytest.approx((0.1 + 0.0 + 0.05) / 3)
+    assert layer0["special"] == pytest.approx((0.1 + 0.05 + 0.1) / 3)
+    assert layer0["local"] == pytest.approx((0.9 + 0.9 + 0.15) / 3)
+    assert layer0["syntax_accuracy"] == pytest.approx((0.2 + 0.4) / 2)  # NaN head skipped
+    assert layer1["local"] == 0.0 and layer1["distance"] == 5.0
+    assert "dep_alignment" not in profile.columns
+
+
+def test_layer_profile_columns():
+    profile = layer_profile(profile_input())
+    assert list(profile.columns) == [
+        "stack", "kind", "layer", "n_heads", *(f"share_{label}" for label in PRECEDENCE),
+        "entropy", "entropy_norm", "max_weight", "distance", "first", "special", "local",
+        "syntax_accuracy"]
+
+
+def test_layer_profile_keeps_stacks_apart_and_reports_absent_means_as_nan():
+    table = pd.DataFrame([head(0, 0, stack="encoder", prev=0.9),
+                          head(0, 0, stack="decoder", sep=0.9)])
+    profile = layer_profile(classify_scores(table))
+    assert list(profile["stack"]) == ["decoder", "encoder"]
+    assert list(profile["share_sink"]) == [1.0, 0.0]
+    assert profile["entropy"].isna().all() and profile["local"].isna().all()
+
+
+def test_layer_profile_bad_input():
+    classified = profile_input()
+    with pytest.raises(InputError, match="lacks column"):
+        layer_profile(classified.drop(columns="label"))
+    with pytest.raises(InputError, match="empty"):
+        layer_profile(classified.iloc[:0])
+    with pytest.raises(InputError, match="unknown label"):
+        layer_profile(classified.assign(label="weird"))
