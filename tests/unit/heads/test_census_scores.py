@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,3 +274,19 @@ def test_map_vocabulary_recognises_special_tokens():
 
 def test_wide_scores_of_an_empty_tally_is_empty():
     assert wide_scores(Tally()).empty
+
+
+def test_classical_mds_recovers_points_on_a_line_and_clusters_split_them():
+    from attnprobe.heads.similarity import classical_mds, cluster_heads
+
+    points = np.array([0.0, 1.0, 2.0, 10.0, 11.0])
+    distances = np.abs(points[:, None] - points[None, :])
+    xy = classical_mds(distances)
+    recovered = np.abs(xy[:, None, :] - xy[None, :, :]).sum(-1)
+    assert recovered == pytest.approx(distances, abs=1e-6)  # a line embeds exactly
+    heads = tuple(("", "self", 0, h) for h in range(5))
+    # JS divergences are squared distances here (the clustering takes their square root)
+    dist = HeadDistances(heads, torch.tensor(distances ** 2, dtype=torch.float64), 1.0)
+    clusters = cluster_heads(dist, n_clusters=2)
+    assert clusters["cluster"].tolist()[:3] == [clusters["cluster"][0]] * 3
+    assert clusters["cluster"][3] == clusters["cluster"][4] != clusters["cluster"][0]
