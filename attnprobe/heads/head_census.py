@@ -121,7 +121,7 @@ def _encode(tokenizer: Any, items: Sequence[_Item]) -> tuple[dict[str, torch.Ten
                                                                 torch.Tensor | None]:
     """Padded batch, and ``[batch, token]`` word index of each token (-1: special/padding)."""
     if items[0].tree is None:
-        enc = tokenizer([it.text for it in items], padding=True, return_tensors="pt")
+        enc = tokenizer([_pair(it.text) for it in items], padding=True, return_tensors="pt")
         return dict(enc), None
     words = [list(it.tree.words) for it in items]
     enc = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
@@ -149,7 +149,13 @@ def _lengths(tokenizer: Any, texts: Sequence[str] | None,
                 raise InputError(f"sentence {tree.sentence_id}: word {missing + 1} "
                                  f"{tree.words[missing]!r} gives no token")
         return lengths
-    return [len(ids) for ids in tokenizer(list(texts))["input_ids"]]
+    return [len(ids) for ids in tokenizer([_pair(t) for t in texts])["input_ids"]]
+
+
+def _pair(text: str) -> str | tuple[str, str]:
+    """A text with a tab is a sentence pair (encoded ``[CLS] a [SEP] b [SEP]`` by BERT)."""
+    first, tab, second = text.partition("\t")
+    return (first, second) if tab else text
 
 
 def _items(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
@@ -260,7 +266,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
 
     Args:
         texts / trees: raw sentences, or dependency trees (e.g. from
-            :func:`~attnprobe.heads.trees.read_conllu`) whose words are fed pre-split.
+            :func:`~attnprobe.heads.trees.read_conllu`) whose words are fed pre-split. A
+            text with a tab is a sentence pair (the ``block`` score needs pairs).
         syntax: parse ``texts`` with spaCy (``nlp`` or the packaged English pipeline) to
             score heads against dependency relations; default: only when trees are given.
         similarity: accumulate Jensen–Shannon distances between heads (keeps each batch's

@@ -75,3 +75,16 @@ def test_repeated_token_scores_and_distances_are_present(result):
     distances = found.distances()
     assert len(distances) == 72 * 71 // 2
     assert distances["js"].between(0, 0.6932).all()  # JS in nats is at most ln 2
+
+
+def test_sentence_pairs_get_block_scores():
+    """A tab splits a line into a pair, encoded [CLS] a [SEP] b [SEP]: ``block`` exists only
+    then, and a segment-blind uniform share would be near one half."""
+    model, tok = ap.load_model("minilm")
+    texts = CORPUS.read_text(encoding="utf-8").splitlines()[:40]
+    pairs = [f"{a}\t{b}" for a, b in zip(texts[::2], texts[1::2], strict=True)]
+    paired = census(track(model), tok, pairs, repeated=False, similarity=False).scores()
+    assert paired["block"].between(0, 1).all()
+    assert paired["block"].max() > 0.75  # some heads stay inside their own sentence
+    single = census(model, tok, texts[:10], repeated=False, similarity=False).scores()
+    assert "block" not in single.columns
