@@ -30,6 +30,8 @@ MAP_COLUMNS = (
     "query_pos", "key_pos", "query_token", "key_token", "weight",
 )
 FORMAT_VERSION = 1
+# Tidy column names of TokenAttribution.to_frame().
+ATTRIBUTION_COLUMNS = ("example_id", "method", "target", "position", "token", "score")
 
 
 def head_id(layer: int, head: int) -> str:
@@ -220,6 +222,48 @@ class AttentionMap:
         if len(maps) != 1:
             raise InputError(f"{path} holds {len(maps)} maps; use attnprobe.load_maps")
         return maps[0]
+
+
+@dataclass(frozen=True)
+class TokenAttribution:
+    """How much each input token matters for one example and one target, by one method.
+
+    Args:
+        scores: float tensor ``[token]``, one score per input token (signed, as the method
+            gives it; attention views are non-negative).
+        tokens: the input tokens, one per score.
+        method: what produced the scores, e.g. ``integrated_gradients`` or ``rollout@L3``.
+        target: what the scores explain, e.g. ``class:1`` or ``similarity:<text>``.
+        example_id: free label carried into tables.
+        delta: the method's convergence error when it has one (Integrated Gradients:
+            ``|Σ attributions - (f(x) - f(baseline))|``), else ``None``.
+    """
+
+    scores: torch.Tensor
+    tokens: tuple[str, ...]
+    method: str
+    target: str
+    example_id: str = ""
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        scores = torch.as_tensor(self.scores).detach().to("cpu", torch.float64).flatten()
+        object.__setattr__(self, "scores", scores)
+        object.__setattr__(self, "tokens", tuple(str(t) for t in self.tokens))
+        if len(scores) != len(self.tokens):
+            raise InputError(f"{len(scores)} scores for {len(self.tokens)} tokens "
+                             f"({self.method}, example {self.example_id!r})")
+        if not torch.isfinite(scores).all():
+            raise InputError(f"{self.method} gave NaN or inf scores for example "
+                             f"{self.example_id!r}")
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per token; columns ``ATTRIBUTION_COLUMNS``."""
+        n = len(self.tokens)
+        return pd.DataFrame({"example_id": [self.example_id] * n, "method": [self.method] * n,
+                             "target": [self.target] * n, "position": range(n),
+                             "token": list(self.tokens), "score": self.scores.numpy()},
+                            columns=list(ATTRIBUTION_COLUMNS))
 
 
 def _paths(path: str | Path) -> tuple[Path, Path]:

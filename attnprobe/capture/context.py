@@ -32,6 +32,11 @@ class Capture:
         tally: mergeable sums of the streaming reducers.
         sites: the attention sites that were captured.
         edits: per edited site, the largest change the edit made to the pattern.
+        live: with ``live=True``, per forward call, each site's weights
+            ``[batch, head, query, key]`` as computed (in the autograd graph, padding
+            included); after ``backward()`` their ``.grad`` is ∂output/∂attention.
+        values: with ``values=True``, per forward call, each site's value vectors
+            ``[batch, head, key, d_head]`` (transformers models).
     """
 
     tally: Tally = field(default_factory=Tally)
@@ -40,6 +45,8 @@ class Capture:
     _assemble: Callable[[], list[AttentionMap]] | None = field(default=None, repr=False)
     _maps: list[AttentionMap] | None = field(default=None, repr=False)
     _batches: Callable[[], list[BatchPatterns]] | None = field(default=None, repr=False)
+    live: list[dict[Site, torch.Tensor]] = field(default_factory=list)
+    values: list[dict[Site, torch.Tensor]] = field(default_factory=list)
 
     @property
     def maps(self) -> list[AttentionMap]:
@@ -106,7 +113,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             keep: bool = True, reducers: Sequence[Reducer] | None = None,
             edit: EditFn | None = None, scores: bool = False, tokenizer: Any = None,
             example_ids: Sequence[str] | None = None,
-            query_block: int | None = None) -> Iterator[Capture]:
+            query_block: int | None = None, live: bool = False,
+            values: bool = False) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
 
     Args:
@@ -125,6 +133,10 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         scores: also keep pre-softmax scores (``AttentionMap.scores``); needs
             ``hook_scores`` modules next to the patterns, as attnprobe's reference models have.
         tokenizer: used to turn ids into token strings (``convert_ids_to_tokens``).
+        live: keep each site's weights in the autograd graph and retain their gradients
+            (``cap.live``), e.g. for attention × gradient.
+        values: keep each site's value vectors (``cap.values``), e.g. for the norm-based
+            view ``‖α f(x)‖``.
 
     Yields:
         A :class:`Capture`, filled when the context exits without error.
@@ -135,7 +147,7 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
     recorder = Recorder(layers=layers, heads=heads, keep=keep, reducers=reducers, edit=edit,
-                        query_block=query_block)
+                        query_block=query_block, live=live, values=values)
     result = Capture()
     use_hf = paths is None and hf.is_hf_model(model)
     with ExitStack() as stack:
@@ -161,3 +173,5 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
     result.tally = recorder.tally
     result.sites = list(sites)
     result.edits = recorder.edits_frame()
+    result.live = [call.live for call in recorder.calls if call.live]
+    result.values = [call.values for call in recorder.calls if call.values]

@@ -97,24 +97,22 @@ def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: in
     return block.to(dtype)
 
 
-def _check_rows(additive: torch.Tensor | None, q_valid: torch.Tensor, site: Site) -> None:
-    """A real query row with no key left to attend to is an input error, not a uniform row."""
+def _visible_keys(additive: torch.Tensor | None, q_valid: torch.Tensor, rows: int,
+                  k_len: int, site: Site) -> torch.Tensor:
+    """``[batch|1, rows]``: how many keys each query row may attend to under the mask.
+
+    A real query row with no key left to attend to is an input error, not a uniform row.
+    """
     if additive is None:
-        return
-    open_keys = (additive > torch.finfo(additive.dtype).min / 2).any(-1)  # [batch|1, 1, rows]
-    closed = (~open_keys[:, 0]) & q_valid
+        return torch.full((1, rows), k_len)
+    open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
+    visible = open_keys[:, 0].sum(-1).expand(-1, rows)
+    closed = (visible == 0) & q_valid.to(visible.device)
     if closed.any():
         b, q = closed.nonzero()[0].tolist()
         raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
                          "(no key it may attend to)")
-
-
-def _visible_keys(additive: torch.Tensor | None, rows: int, k_len: int) -> torch.Tensor:
-    """``[batch|1, rows]``: how many keys each query row may attend to under the mask."""
-    if additive is None:
-        return torch.full((1, rows), k_len)
-    open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
-    return open_keys[:, 0].sum(-1).expand(-1, rows).cpu()
+    return visible.cpu()
 
 
 def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -150,15 +148,19 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
 
     def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, query.dtype, query.device)
-        _check_rows(mask, q_valid[:, rows].to(query.device), site)
+        n_rows = len(range(q_len)[rows])
+        visible = _visible_keys(mask, q_valid[:, rows], n_rows, k_len, site)
         extra = dict(kwargs)
         if position_bias is not None:
             extra["position_bias"] = position_bias[..., rows, :] \
                 if position_bias.shape[-2] == q_len else position_bias
         output, weights = eager(module, query[:, :, rows], key, value, mask, dropout=0.0, **extra)
-        return output, weights, _visible_keys(mask, weights.shape[2], k_len)
+        return output, weights, visible
 
-    whole = any(r.keep or r.edit is not None for r, _ in takers) or dropout > 0
+    for taker, taker_site in takers:
+        if taker.values:
+            taker.consume_values(taker_site, value, query.shape[1])
+    whole = any(r.needs_whole for r, _ in takers) or dropout > 0
     auto = max(1, BLOCK_BYTES // (batch * query.shape[1] * k_len * query.element_size()))
     block = min(r.query_block or auto for r, _ in takers)
     if whole or q_len <= block:

@@ -37,6 +37,8 @@ class ForwardCall:
     fresh: dict[Side, int] = field(default_factory=dict)  # tokens new in this call (KV cache)
     patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
+    live: dict[Site, torch.Tensor] = field(default_factory=dict)  # in the graph, grads retained
+    values: dict[Site, torch.Tensor] = field(default_factory=dict)  # [batch, head, key, d_head]
 
     def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:
         """Which of ``length`` positions are real tokens of ``side``: ``[batch, length]`` bool,
@@ -124,13 +126,16 @@ class Recorder:
 
     def __init__(self, *, layers: Sequence[int] | None, heads: Sequence[int] | None,
                  keep: bool, reducers: Sequence[Reducer] | None, edit: EditFn | None,
-                 query_block: int | None = None) -> None:
+                 query_block: int | None = None, live: bool = False,
+                 values: bool = False) -> None:
         self.layers = _check_indices("layers", layers)
         self.heads = _check_indices("heads", heads)
         self.keep = keep
         self.reducers = list(reducers or [])
         self.edit = edit
         self.query_block = query_block
+        self.live = live
+        self.values = values
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
         self.fired: set[Site] = set()
@@ -142,7 +147,13 @@ class Recorder:
     # ------------------------------------------------------------ selection
     @property
     def needs_weights(self) -> bool:
-        return self.keep or bool(self.reducers) or self.edit is not None
+        return self.keep or bool(self.reducers) or self.edit is not None or self.live \
+            or self.values
+
+    @property
+    def needs_whole(self) -> bool:
+        """Whether a seam must hand over all query rows at once (no row blocks)."""
+        return self.keep or self.edit is not None or self.live or self.values
 
     def wants(self, site: Site) -> bool:
         return self.layers is None or site.layer in self.layers
@@ -212,6 +223,13 @@ class Recorder:
         self.edit_changes[site] = max(self.edit_changes.get(site, 0.0), change)
         return edited
 
+    def consume_values(self, site: Site, value: torch.Tensor, n_heads: int) -> None:
+        """Keep the value vectors ``[batch, kv_head, key, d]`` of a site, one per query head
+        (key/value heads repeated for grouped-query attention)."""
+        groups = n_heads // value.shape[1]
+        value = value.detach()
+        self.current.values[site] = value.repeat_interleave(groups, 1) if groups > 1 else value
+
     def consume_scores(self, site: Site, scores: torch.Tensor) -> None:
         """Keep pre-softmax scores ``[batch, head, query, key]`` of a site (hook points only)."""
         heads = self.head_index(scores.shape[1], site)
@@ -232,6 +250,10 @@ class Recorder:
         kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
         if self.reducers:
             self._reduce(site, heads, kept, pattern, q_start, q_total or pattern.shape[2], visible)
+        if self.live:
+            if pattern.requires_grad:
+                pattern.retain_grad()
+            self.current.live[site] = pattern
         if self.keep:
             self.kept_heads[site] = heads
             kept = kept.detach().to("cpu", torch.float32)

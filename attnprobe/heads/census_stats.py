@@ -16,8 +16,7 @@ Statistic names are documented in :mod:`attnprobe.heads.scores`.
 
 from __future__ import annotations
 
-import string
-import unicodedata
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +34,9 @@ def _ids(values: Any) -> torch.Tensor:
     return torch.as_tensor(sorted({int(v) for v in values}), dtype=torch.long)
 
 
-def _is_punctuation(token: str) -> bool:
-    """A token made only of punctuation characters once sub-word markers are removed."""
-    text = token.replace("##", "").lstrip("Ġ▁")
-    return bool(text) and all(
-        ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text)
+# Only punctuation or symbols once a sub-word marker (WordPiece ##, BPE Ġ, SentencePiece ▁)
+# is removed: ".", ",", "##.", "Ġ--", "?!", "$" (Clark et al. count "." and ",").
+_PUNCTUATION = re.compile(r"^(?:##|Ġ|▁)?[^\w\s]+$|^(?:##|Ġ|▁)?_+$")
 
 
 def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
@@ -56,7 +53,7 @@ def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
     special = set(getattr(tokenizer, "all_special_ids", []) or []) | seen
     classes["special"] = _ids(special)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    classes["punct"] = _ids(i for tok, i in vocab.items() if _is_punctuation(tok)
+    classes["punct"] = _ids(i for tok, i in vocab.items() if _PUNCTUATION.match(tok)
                             and i not in special)
     return classes
 
@@ -73,6 +70,54 @@ def _segments(key_ids: torch.Tensor, real: torch.Tensor, separators: torch.Tenso
     """``[batch, key]`` segment index; a separator closes the segment it ends."""
     is_sep = (torch.isin(key_ids, separators) & real).long()
     return torch.cumsum(is_sep, -1) - is_sep
+
+
+def _aligned(block: RowBlock) -> bool:
+    """Whether real tokens sit at their own index (right padding, no cache, one block of all
+    rows): then offsets are diagonals of the weights."""
+    q_len, k_len = block.pattern.shape[2], block.pattern.shape[3]
+    if q_len != k_len:
+        return False
+    index = torch.arange(q_len)
+    return bool(((block.query_pos == index) | ~block.query_valid).all()
+                and ((block.key_pos == index) | (block.key_pos < 0)).all())
+
+
+def _offset_mass_by_diagonals(weights: torch.Tensor, rows: torch.Tensor
+                              ) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Mass per head and offset when real tokens sit at their own index.
+
+    ``weights`` ``[batch, head, n, n]`` (padding keys zeroed), ``rows`` ``[batch, 1, n]``.
+    The valid rows are summed over the batch first (one pass over the weights); offsets are
+    then diagonals of that ``[head, n, n]`` sum, read through a skewed view.
+    Returns the lowest offset, ``[head, offsets]`` and ``[head]`` distance sums (float64).
+    """
+    n = weights.shape[-1]
+    summed = torch.einsum("bhij,bi->hij", weights, rows[:, 0].to(weights)).to(torch.float64)
+    index = torch.arange(n, device=weights.device)
+    distance = (summed * (index[None, :] - index[:, None]).abs()).sum((1, 2))
+    width = 3 * n - 2
+    padded = torch.nn.functional.pad(summed, (n - 1, n - 1)).contiguous()
+    # [head, i, m] = summed[head, i, i + m - (n - 1)]
+    skewed = padded.as_strided((summed.shape[0], n, 2 * n - 1), (n * width, width + 1, 1))
+    return -(n - 1), skewed.sum(1), distance
+
+
+def _offset_mass_by_scatter(weights: torch.Tensor, rows: torch.Tensor, rel: torch.Tensor,
+                            real: torch.Tensor, top_key: torch.Tensor
+                            ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same for any positions (left padding, KV cache, cross-attention), by scattering
+    each weight into its offset's bin; also the offset bin of each row's argmax."""
+    batch, n_heads, q_len, k_len = weights.shape
+    lo, hi = int(rel[real].min()), int(rel[real].max())
+    n_bins = hi - lo + 1
+    bins = (rel.clamp(lo, hi) - lo)[:, None].expand(batch, n_heads, q_len, k_len)
+    profile = weights.new_zeros(batch, n_heads, q_len, n_bins).scatter_add_(-1, bins, weights)
+    mass = torch.where(rows[..., None], profile, 0.0).sum(dim=(0, 2), dtype=torch.float64)
+    per_row = torch.einsum("bhqk,bqk->bhq", weights, rel.abs().to(weights))
+    distance = torch.where(rows, per_row, 0.0).sum(dim=(0, 2), dtype=torch.float64)
+    top = torch.gather(bins, -1, top_key[..., None])[..., 0]
+    return lo, mass, distance, top
 
 
 @REDUCERS.register("census")
@@ -99,12 +144,13 @@ class CensusStats:
         parts = self.parts if self.classes or block.key_ids is not None else \
             self.parts & {"rows", "offsets"}
         out: dict[str, Sums] = {}
+        top_weight, top_key = a.max(-1) if parts & {"rows", "offsets"} else (None, None)
         if "rows" in parts:
-            out.update(self._rows(block, a))
+            out.update(self._rows(block, a, top_weight))
         rel = (block.key_pos[:, None, :] - block.query_pos[:, :, None]).to(a.device)
         real = (block.real_keys()[:, None, :] & block.query_valid[:, :, None]).to(a.device)
         if "offsets" in parts and real.any():
-            out.update(self._offsets(block, a, rel, real))
+            out.update(self._offsets(block, a, rel, real, top_key))
         if parts & {"classes", "match", "segments"}:
             if block.query_ids is None or block.key_ids is None:
                 block.require_ids("token-class, duplicate/induction and block")
@@ -113,8 +159,9 @@ class CensusStats:
 
     # ------------------------------------------------------------------------ rows
     @staticmethod
-    def _rows(block: RowBlock, a: torch.Tensor) -> dict[str, Sums]:
-        entropy = -torch.special.xlogy(a, a).sum(-1)  # [batch, head, q]
+    def _rows(block: RowBlock, a: torch.Tensor, top_weight: torch.Tensor) -> dict[str, Sums]:
+        # a·ln(a) with 0·ln 0 = 0 (clamping keeps ln finite; the product is then 0)
+        entropy = -(a * a.clamp(min=torch.finfo(a.dtype).tiny).log()).sum(-1)  # [b, head, q]
         visible = block.visible_keys().to(a.device, torch.float32)[:, None, :]
         several = (visible > 1) & block.query_valid[:, None, :].to(a.device)
         normed = torch.where(several, entropy / visible.clamp(min=2).log(), 0.0)
@@ -124,31 +171,30 @@ class CensusStats:
             "entropy_norm": (normed.sum(dim=(0, 2), dtype=torch.float64),
                              several.sum(dim=(0, 2)).to(torch.float64).expand(n_heads)),
             "chance_weight": block.masked_row_sum((1 / visible).expand_as(entropy)),
-            "max_weight": block.masked_row_sum(a.amax(-1)),
+            "max_weight": block.masked_row_sum(top_weight),
         }
 
     # --------------------------------------------------------------------- offsets
     def _offsets(self, block: RowBlock, a: torch.Tensor, rel: torch.Tensor,
-                 real: torch.Tensor) -> dict[str, Sums]:
-        batch, n_heads, q_len, k_len = a.shape
-        limit = self.max_offset
-        lo, hi = int(rel[real].min()), int(rel[real].max())
-        if limit is not None:
-            lo, hi = max(lo, -limit - 1), min(hi, limit + 1)
-        n_bins = hi - lo + 1
-        bins = (rel.clamp(lo, hi) - lo)[:, None].expand(batch, n_heads, q_len, k_len)
+                 real: torch.Tensor, top_key: torch.Tensor) -> dict[str, Sums]:
+        n_heads = a.shape[1]
         weights = a * real[:, None].to(a)
-        profile = a.new_zeros(batch, n_heads, q_len, n_bins).scatter_add_(-1, bins, weights)
-        rows = block.query_valid[:, None, :, None].to(a.device)
-        mass = torch.where(rows, profile, 0.0).sum(dim=(0, 2), dtype=torch.float64)  # [h, bins]
-        top = torch.gather(bins, -1, a.argmax(-1, keepdim=True))[..., 0]  # [batch, head, q]
+        rows = block.query_valid[:, None, :].to(a.device)  # [batch, 1, q]
+        if _aligned(block):
+            lo, mass, distance = _offset_mass_by_diagonals(weights, rows)
+            top = top_key - torch.arange(a.shape[2], device=a.device) - lo
+        else:
+            lo, mass, distance, top = _offset_mass_by_scatter(weights, rows, rel, real, top_key)
+        n_bins = mass.shape[1]
         heads = torch.arange(n_heads, device=a.device)[None, :, None]
-        valid = rows[..., 0].expand_as(top)
+        valid = rows.expand_as(top)
         shares = torch.bincount((top + n_bins * heads)[valid], minlength=n_heads * n_bins)
         shares = shares.view(n_heads, n_bins).to(torch.float64)
-        distance = torch.einsum("bhqk,bqk->bhq", weights, rel.abs().to(a))
-        out: dict[str, Sums] = {"distance": block.masked_row_sum(distance)}
-        for b in range(n_bins):
+        out: dict[str, Sums] = {"distance": distance}
+        first = int(rel[real].min()) - lo
+        last = int(rel[real].max()) - lo
+        limit = self.max_offset
+        for b in range(first, last + 1):
             offset = lo + b
             label = "far" if limit is not None and abs(offset) > limit else f"{offset:+d}"
             for stat, values in ((f"offset@{label}", mass), (f"argmax@{label}", shares)):
@@ -193,9 +239,11 @@ class CensusStats:
             patterns[p + "induction"] = (follows & earlier & (rel != -1), keys, None)
             patterns[p + "duplicate_ahead"] = (same & later, keys, None)
             patterns[p + "induction_ahead"] = (follows & later & (rel != 1), keys, None)
-        if "segments" in parts and "sep" in self.classes:
-            segment = _segments(k_ids, real, self.classes["sep"].to(a.device))
-            n_segments = torch.where(content, segment, -1).amax(-1) + 1  # [batch]
+        segment = _segments(k_ids, real, self.classes["sep"].to(a.device)) \
+            if "segments" in parts and "sep" in self.classes else None
+        n_segments = torch.where(content, segment, -1).amax(-1) + 1 \
+            if segment is not None else None  # [batch]
+        if n_segments is not None and int(n_segments.max()) >= 2:  # some input is a pair
             at = (block.key_pos[:, None, :] == block.query_pos[:, :, None]).to(a.device) & \
                 real[:, None, :]
             q_segment = (at.long() * torch.where(real, segment, 0)[:, None, :]).sum(-1)

@@ -24,9 +24,10 @@ from attnprobe.capture.recorder import BatchPatterns, positions
 from attnprobe.errors import InputError
 from attnprobe.extraction import _model_inputs, check_texts, max_length_of
 from attnprobe.heads import labels
+from attnprobe.heads.census_stats import token_classes
 from attnprobe.heads.probe import repeated_token_scores
 from attnprobe.heads.reducers import Reducer, RowBlock, Tally
-from attnprobe.heads.scores import census_reducers, offset_table, wide_scores
+from attnprobe.heads.scores import INDEX, census_reducers, offset_table, wide_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.syntax import SyntaxCounts, score_batch
 from attnprobe.heads.trees import Tree, parse
@@ -59,12 +60,15 @@ class Census:
         part: merged sums (tally of streaming statistics, syntax counts, head distances).
         skipped: ids of sentences left out because they were too long (``on_long="skip"``).
         window: offsets ±window get their own score column.
+        probe: the repeated-random-token probe's tally (``rep_*`` scores), kept apart from
+            the corpus sums so its rows never dilute corpus means.
     """
 
     part: CensusPart
     skipped: tuple[str, ...] = ()
     window: int = 3
     min_count: int = 20
+    probe: Tally | None = None
 
     @property
     def n_sentences(self) -> int:
@@ -72,7 +76,15 @@ class Census:
 
     def scores(self) -> pd.DataFrame:
         """One row per head, every score (columns in ``attnprobe.heads.scores``)."""
-        extra = self.part.syntax.per_head(self.min_count) if self.part.syntax else None
+        extras = []
+        if self.part.syntax is not None:
+            extras.append(self.part.syntax.per_head(self.min_count))
+        if self.probe is not None:  # its own rows: never averaged with the corpus'
+            probe = wide_scores(self.probe)
+            extras.append(probe[[*INDEX[:4], *(c for c in probe if c.startswith("rep_"))]])
+        extra = None
+        for frame in extras:
+            extra = frame if extra is None else extra.merge(frame, on=INDEX[:4], how="outer")
         return wide_scores(self.part.tally, window=self.window, extra=extra)
 
     def classify(self, thresholds: labels.Thresholds | None = None) -> pd.DataFrame:
@@ -125,11 +137,8 @@ def _encode(tokenizer: Any, items: Sequence[_Item]) -> tuple[dict[str, torch.Ten
         return dict(enc), None
     words = [list(it.tree.words) for it in items]
     enc = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
-    token_word = torch.full(enc["input_ids"].shape, -1, dtype=torch.long)
-    for b in range(len(items)):
-        for t, w in enumerate(enc.word_ids(b)):
-            if w is not None:
-                token_word[b, t] = w
+    token_word = torch.tensor([[-1 if w is None else w for w in enc.word_ids(b)]
+                               for b in range(len(items))], dtype=torch.long)
     return dict(enc), token_word
 
 
@@ -202,8 +211,8 @@ def _tally_layers(patterns: BatchPatterns, reducers: list[Reducer]) -> Tally:
     operations instead of many small ones per layer); same sums as streaming."""
     pattern = patterns.pattern  # [batch, layer, head, q, k]
     n_batch, n_layers, n_heads, q_len, k_len = pattern.shape
-    # keys any head of any layer gave weight to: what the mask let each row see
-    seen = (pattern > 0).flatten(1, 2).any(1) & patterns.key_valid[:, None, :]
+    # keys any head of the first layer gave weight to: what the mask let each row see
+    seen = (pattern[:, 0] > 0).any(1) & patterns.key_valid[:, None, :]
     block = RowBlock(pattern=pattern.reshape(n_batch, n_layers * n_heads, q_len, k_len),
                      query_valid=patterns.query_valid, query_pos=positions(patterns.query_valid),
                      key_pos=positions(patterns.key_valid),
@@ -297,7 +306,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     if trees is not None and not trees:
         raise InputError("no trees given")
     items, skipped = _items(model, tokenizer, texts, trees, max_length, on_long)
-    reducers = census_reducers(tokenizer)
+    classes = token_classes(tokenizer)
+    reducers = census_reducers(classes=classes)
     dist = torch.distributed
     if distributed is None:
         distributed = dist.is_available() and dist.is_initialized()
@@ -315,6 +325,5 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     merged = CensusPart()
     for _, part in sorted(parts, key=lambda p: p[0]):  # the same order on every rank count
         merged = merged + part
-    if repeated:
-        merged.tally = merged.tally + repeated_token_scores(model, tokenizer)
-    return Census(merged, skipped, window, min_count)
+    probe = repeated_token_scores(model, tokenizer, classes=classes) if repeated else None
+    return Census(merged, skipped, window, min_count, probe)

@@ -25,9 +25,11 @@ from attnprobe.heads.reducers import Tally
 _BRACKETED = re.compile(r"^(\[.*\]|<.*>)$")  # [unused0], <|endoftext|>, <s> ...
 
 
-def probe_vocabulary(tokenizer: Any) -> torch.Tensor:
+def probe_vocabulary(tokenizer: Any, special_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Ids the probe may draw: no special tokens and no ``[unused]``-style placeholders."""
-    special = set(token_classes(tokenizer)["special"].tolist())
+    if special_ids is None:
+        special_ids = token_classes(tokenizer)["special"]
+    special = set(special_ids.tolist())
     vocab = tokenizer.get_vocab()
     ids = sorted(i for tok, i in vocab.items()
                  if i not in special and not _BRACKETED.match(tok) and tok.strip())
@@ -41,8 +43,9 @@ def _wrap(tokenizer: Any, ids: list[int]) -> list[int]:
     return wrap(ids) if wrap else ids
 
 
-def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 8,
-                    seed: int = 0, max_length: int | None = None) -> dict[str, torch.Tensor]:
+def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 4,
+                    seed: int = 0, max_length: int | None = None,
+                    special_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``input_ids`` / ``attention_mask`` ``[n_sequences, 2 * length + specials]``.
 
     Tokens are drawn without replacement within a sequence, so every token of the second
@@ -54,7 +57,7 @@ def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 8,
     if length < 2 or n_sequences < 1:
         raise InputError(f"the repeated-token probe needs length >= 2 (the model allows "
                          f"{max_length} tokens) and n_sequences >= 1")
-    vocab = probe_vocabulary(tokenizer)
+    vocab = probe_vocabulary(tokenizer, special_ids)
     if len(vocab) < length:
         raise InputError(f"length {length} exceeds the {len(vocab)} ordinary tokens")
     generator = torch.Generator().manual_seed(seed)
@@ -67,15 +70,18 @@ def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 8,
 
 
 def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 50,
-                          n_sequences: int = 8, seed: int = 0) -> Tally:
+                          n_sequences: int = 4, seed: int = 0,
+                          classes: dict[str, torch.Tensor] | None = None) -> Tally:
     """``rep_prev``, ``rep_duplicate``, ``rep_induction``, ``rep_duplicate_ahead`` and
     ``rep_induction_ahead`` per head, as a mergeable tally (see
-    :class:`~attnprobe.heads.census_stats.CensusStats`)."""
+    :class:`~attnprobe.heads.census_stats.CensusStats`). ``classes``: the tokenizer's token
+    classes when already known (:func:`token_classes`)."""
+    classes = classes if classes is not None else token_classes(tokenizer)
     batch = repeated_tokens(tokenizer, length=length, n_sequences=n_sequences, seed=seed,
-                            max_length=max_length_of(model, tokenizer))
+                            max_length=max_length_of(model, tokenizer),
+                            special_ids=classes["special"])
     device = next(model.parameters()).device
-    stats = CensusStats(classes=token_classes(tokenizer), parts=frozenset({"match"}),
-                        prefix="rep_")
+    stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
     with torch.no_grad(), capture(model, keep=False, reducers=[stats]) as cap:
         model(**{k: v.to(device) for k, v in batch.items()})
     return cap.tally

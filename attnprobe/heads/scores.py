@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import torch
 
 from attnprobe.heads.census_stats import CensusStats, token_classes
 from attnprobe.heads.reducers import Reducer, Tally
@@ -41,10 +42,13 @@ INDEX = ["stack", "kind", "layer", "head", "head_id"]
 NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}
 
 
-def census_reducers(tokenizer: Any = None, *, max_offset: int | None = None) -> list[Reducer]:
+def census_reducers(tokenizer: Any = None, *, max_offset: int | None = None,
+                    classes: dict[str, torch.Tensor] | None = None) -> list[Reducer]:
     """The census statistics as one streaming reducer. Token-class, token-match and segment
-    statistics need a tokenizer (for its special and punctuation ids)."""
-    classes = token_classes(tokenizer) if tokenizer is not None else {}
+    statistics need a tokenizer (for its special and punctuation ids), or its ``classes``
+    (:func:`~attnprobe.heads.census_stats.token_classes`)."""
+    if classes is None:
+        classes = token_classes(tokenizer) if tokenizer is not None else {}
     return [CensusStats(classes=classes, max_offset=max_offset)]
 
 

@@ -105,25 +105,28 @@ class HeadDistances:
         """Square ``[head, head]`` table of mean JS per row (nats), indexed by head id."""
         if not self.rows:
             raise InputError("no attention rows were seen: nothing to compare")
-        names = [_name(key) for key in self.heads]
+        names = _names(self.heads)
         return pd.DataFrame((self.sums / self.rows).numpy(), index=names, columns=names)
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy pairs: ``head_a, head_b, layer_a, head_a_index, layer_b, head_b_index, js``."""
         means = (self.sums / max(self.rows, 1.0)).tolist()
+        names = _names(self.heads)
         rows = []
         for i, a in enumerate(self.heads):
             for j, b in enumerate(self.heads):
                 if i < j:
-                    rows.append((_name(a), _name(b), a[2], a[3], b[2], b[3], means[i][j]))
+                    rows.append((names[i], names[j], a[2], a[3], b[2], b[3], means[i][j]))
         return pd.DataFrame(rows, columns=["head_a", "head_b", "layer_a", "head_a_index",
                                            "layer_b", "head_b_index", "js"])
 
 
-def _name(key: HeadKey) -> str:
-    stack, kind, layer, head = key
-    prefix = f"{stack}:{kind}:" if stack or kind != "self" else ""
-    return prefix + head_id(layer, head)
+def _names(heads: tuple[HeadKey, ...]) -> list[str]:
+    """``L3H5`` labels, as in every other table; prefixed with ``stack:kind:`` only when the
+    heads come from several attention stacks (encoder-decoder models)."""
+    several = len({key[:2] for key in heads}) > 1
+    return [(f"{stack}:{kind}:" if several else "") + head_id(layer, head)
+            for stack, kind, layer, head in heads]
 
 
 def classical_mds(distances: np.ndarray, dims: int = 2) -> np.ndarray:

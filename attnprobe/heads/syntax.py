@@ -103,37 +103,56 @@ class SyntaxCounts:
         return merged
 
     # ------------------------------------------------------------------------- scoring
-    def _add_sentence(self, group: Group, pattern: torch.Tensor, tree: Tree) -> None:
-        """Count one sentence; ``pattern`` is ``[layer, head, word, word]`` over its words."""
-        n = len(tree)
-        gold = torch.tensor(tree.heads, dtype=torch.long) - 1  # [word], -1 for roots
-        scored = (gold >= 0) & torch.tensor([r != "root" for r in tree.relations])
-        eye = torch.eye(n, dtype=torch.bool, device=pattern.device)
-        masked = pattern.masked_fill(eye, -math.inf)  # never predict the word itself
-        preds = {"dep->head": masked.argmax(-1).cpu(), "head->dep": masked.argmax(-2).cpu()}
-        relations = [tree.relations[i] for i in range(n) if scored[i]]
-        names = [ALL, *dict.fromkeys(relations)]
-        member = torch.stack([scored] + [scored & torch.tensor(
-            [r == name for r in tree.relations]) for name in names[1:]])  # [relation, word]
-        for name, count in zip(names, member.sum(-1).tolist(), strict=True):
+    def _add_batch(self, group: Group, pattern: torch.Tensor, mask: torch.Tensor,
+                   trees: Sequence[Tree]) -> None:
+        """Count a batch of sentences at once.
+
+        ``pattern`` ``[batch, layer, head, word, word]`` holds each sentence's words first
+        (``mask`` ``[batch, word]`` True on them); the rest is ignored.
+        """
+        batch, _, _, n, _ = pattern.shape
+        gold = torch.full((batch, n), -1, dtype=torch.long)  # 0-based gold head, -1: none
+        labels: list[list[str | None]] = []
+        for row, tree in enumerate(trees):
+            gold[row, :len(tree)] = torch.tensor(tree.heads, dtype=torch.long) - 1
+            labels.append([r if h > 0 and r != "root" else None
+                           for h, r in zip(tree.heads, tree.relations, strict=True)])
+        names = [ALL, *dict.fromkeys(r for row in labels for r in row if r is not None)]
+        index = {name: k for k, name in enumerate(names)}
+        relation = torch.full((batch, n), -1, dtype=torch.long)
+        for row, row_labels in enumerate(labels):
+            relation[row, :len(row_labels)] = torch.tensor(
+                [index[r] if r is not None else -1 for r in row_labels], dtype=torch.long)
+        scored = relation >= 0  # has a head and is not labelled root
+        member = (relation[None] == torch.arange(len(names))[:, None, None]) & scored  # [r,b,w]
+        member[0] = scored  # "all": every scored word
+        for name, count in zip(names, member.sum((1, 2)).tolist(), strict=True):
             self.words[(group, name)] = self.words.get((group, name), 0) + count
-        for direction, pred in preds.items():  # pred [layer, head, word]
-            hit = pred == gold  # [layer, head, word]
-            per_relation = (hit[:, :, None, :] & member).sum(-1)  # [layer, head, relation]
+        eye = torch.eye(n, dtype=torch.bool)
+        closed = eye | ~mask[:, None, :] | ~mask[:, :, None]  # [batch, word, word]
+        masked = pattern.masked_fill(closed[:, None, None].to(pattern.device), -math.inf)
+        preds = {"dep->head": masked.argmax(-1).cpu(), "head->dep": masked.argmax(-2).cpu()}
+        member_f = member.to(torch.float32)
+        for direction, pred in preds.items():  # pred [batch, layer, head, word]
+            hit = (pred == gold[:, None, None, :]).to(torch.float32)
+            per_relation = torch.einsum("blhw,rbw->rlh", hit, member_f).round().long()
             for k, name in enumerate(names):
-                _add(self.correct, (group, name, direction), per_relation[:, :, k])
+                _add(self.correct, (group, name, direction), per_relation[k])
         distance = gold - torch.arange(n)  # gold head position relative to the word
         offsets = torch.tensor(self.offsets)
-        by_offset = ((distance[None, :] == offsets[:, None]) & member[:, None, :]).sum(-1)
+        by_offset = ((distance[None, :, :, None] == offsets) & member[..., None]).sum((1, 2))
         for k, name in enumerate(names):
             _add(self.baseline, (group, name), by_offset[k])
-        edges = torch.zeros(n, n, dtype=torch.bool)
-        dependents = torch.nonzero(gold >= 0).squeeze(-1)
-        edges[dependents, gold[dependents]] = True
-        edges = (edges | edges.T).to(pattern.device)
-        weights = pattern.to(torch.float64)
-        _add(self.related, group, (weights * edges).sum((-1, -2)).cpu())
-        _add(self.mass, group, weights.masked_fill(eye, 0.0).sum((-1, -2)).cpu())
+        edges = torch.zeros(batch, n, n, dtype=torch.bool)
+        rows, words = torch.nonzero(gold >= 0, as_tuple=True)
+        edges[rows, words, gold[rows, words]] = True
+        edges = edges | edges.transpose(1, 2)
+        # float32 within a batch (at most batch x words² terms per head), float64 across
+        open_pairs = (~closed).to(pattern.dtype)
+        related = torch.einsum("blhij,bij->lh", pattern, (edges & ~closed).to(pattern.dtype))
+        mass = torch.einsum("blhij,bij->lh", pattern, open_pairs)
+        _add(self.related, group, related.to(torch.float64).cpu())
+        _add(self.mass, group, mass.to(torch.float64).cpu())
 
     # -------------------------------------------------------------------------- tables
     def _relations(self, group: Group, min_count: int, with_all: bool) -> list[str]:
@@ -287,13 +306,11 @@ def score_batch(word_pattern: torch.Tensor, word_mask: torch.Tensor, trees: Sequ
     for row, tree in enumerate(trees):
         if not isinstance(tree, Tree):
             raise InputError(f"trees[{row}] must be a Tree; got {type(tree).__name__}")
-        index = torch.nonzero(word_mask[row].to(torch.bool)).squeeze(-1)
-        if len(index) != len(tree):
-            raise InputError(f"sentence {tree.sentence_id}: {len(index)} words in the mask but "
-                             f"{len(tree)} in the tree")
-        index = index.to(word_pattern.device)
-        pattern = word_pattern[row].index_select(-1, index).index_select(-2, index)
-        counts._add_sentence(group, pattern, tree)
+        n_real = int(word_mask[row].sum())
+        if n_real != len(tree) or not word_mask[row, :n_real].all():
+            raise InputError(f"sentence {tree.sentence_id}: {n_real} words in the mask but "
+                             f"{len(tree)} in the tree (the mask must mark its first words)")
+    counts._add_batch(group, word_pattern, word_mask.to(torch.bool).cpu(), trees)
     return counts
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import attnprobe as ap
@@ -88,3 +89,13 @@ def test_sentence_pairs_get_block_scores():
     assert paired["block"].max() > 0.75  # some heads stay inside their own sentence
     single = census(model, tok, texts[:10], repeated=False, similarity=False).scores()
     assert "block" not in single.columns
+
+
+def test_the_probe_adds_rep_scores_without_touching_corpus_scores():
+    model, tok = ap.load_model("minilm")
+    texts = CORPUS.read_text(encoding="utf-8").splitlines()[:16]
+    with_probe = census(track(model), tok, texts, similarity=False).scores()
+    without = census(model, tok, texts, similarity=False, repeated=False).scores()
+    rep = [c for c in with_probe if c.startswith("rep_")]
+    assert len(rep) == 5 and not any(c.startswith("rep_") for c in without)
+    pd.testing.assert_frame_equal(with_probe.drop(columns=rep), without, check_exact=True)

@@ -71,16 +71,18 @@ def test_registrations_are_removed_on_exit(bert):
 
 
 def test_a_real_query_row_with_no_open_key_is_an_error():
-    from attnprobe.capture.hf import _additive_rows, _check_rows
+    from attnprobe.capture.hf import _additive_rows, _visible_keys
     from attnprobe.capture.sites import Site
 
     site = Site(path="layers.0.attn", stack="layers", kind="self", layer=0)
     allowed = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     allowed[0, 0, 2] = False  # query 2 may attend to nothing
+    allowed[0, 0, 1, 2] = False  # query 1 sees two keys
     additive = _additive_rows(allowed, slice(0, 3), 3, 3, False, torch.float32, "cpu")
-    _check_rows(additive, torch.tensor([[True, True, False]]), site)  # a padding row: fine
+    visible = _visible_keys(additive, torch.tensor([[True, True, False]]), 3, 3, site)
+    assert visible.tolist() == [[3, 2, 0]]  # the padding row 2: fine, nothing visible
     with pytest.raises(ap.InputError, match=r"query 2 of example 0 at layers\.0\.attn"):
-        _check_rows(additive, torch.tensor([[True, True, True]]), site)
+        _visible_keys(additive, torch.tensor([[True, True, True]]), 3, 3, site)
     causal = _additive_rows(None, slice(1, 3), 3, 3, True, torch.float32, "cpu")
     assert causal.shape == (1, 1, 2, 3)
     assert torch.equal(causal[0, 0] == 0, torch.tensor([[True, True, False], [True, True, True]]))
