@@ -14,7 +14,7 @@ from torch import nn
 
 from attnprobe.capture import hf, hooks
 from attnprobe.capture.info import model_info
-from attnprobe.capture.recorder import BatchPatterns, EditFn, Recorder
+from attnprobe.capture.recorder import BatchPatterns, EditFn, Recorder, StopForward
 from attnprobe.capture.sites import Site
 from attnprobe.errors import InputError
 from attnprobe.heads.reducers import Reducer, Tally
@@ -114,7 +114,7 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             edit: EditFn | None = None, scores: bool = False, tokenizer: Any = None,
             example_ids: Sequence[str] | None = None,
             query_block: int | None = None, live: bool = False,
-            values: bool = False) -> Iterator[Capture]:
+            values: bool = False, stop_early: bool = False) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
 
     Args:
@@ -137,6 +137,10 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             (``cap.live``), e.g. for attention × gradient.
         values: keep each site's value vectors (``cap.values``), e.g. for the norm-based
             view ``‖α f(x)‖``.
+        stop_early: end the forward as soon as the last requested attention site has been
+            read (e.g. skip the last layer's feed-forward): for analyses of attention only.
+            The forward call then returns no output — the statement after it inside the
+            ``with`` block does not run — and the context exits normally.
 
     Yields:
         A :class:`Capture`, filled when the context exits without error.
@@ -162,7 +166,13 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             implementation = "hooks"
         handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
         stack.callback(handle.remove)
-        yield result
+        if stop_early and sites:
+            recorder.stop_after = sites[-1]  # sites come in the order the forward runs them
+        try:
+            yield result
+        except StopForward:
+            if not stop_early:
+                raise
     recorder.finish(sites)
     tokens_of = getattr(tokenizer, "convert_ids_to_tokens", None)
     info = model_info(model, implementation=implementation, n_layers=recorder.n_layers,

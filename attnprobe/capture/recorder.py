@@ -83,6 +83,11 @@ class ForwardCall:
         return valid, pos, ids
 
 
+class StopForward(Exception):
+    """Raised inside the forward once the last wanted attention site has been read
+    (``capture(stop_early=True)``); the capture context swallows it."""
+
+
 @dataclass(frozen=True)
 class BatchPatterns:
     """The weights one forward produced in one (stack, kind), padding included.
@@ -136,6 +141,7 @@ class Recorder:
         self.query_block = query_block
         self.live = live
         self.values = values
+        self.stop_after: Site | None = None  # raise StopForward once this site is read
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
         self.fired: set[Site] = set()
@@ -250,6 +256,12 @@ class Recorder:
         kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
         if self.reducers:
             self._reduce(site, heads, kept, pattern, q_start, q_total or pattern.shape[2], visible)
+        self._keep(site, heads, kept, pattern)
+        if self.stop_after == site and q_start + pattern.shape[2] >= (q_total or 0):
+            raise StopForward
+
+    def _keep(self, site: Site, heads: tuple[int, ...], kept: torch.Tensor,
+              pattern: torch.Tensor) -> None:
         if self.live:
             if pattern.requires_grad:
                 pattern.retain_grad()

@@ -235,8 +235,9 @@ def _run_batch(model: nn.Module, tokenizer: Any, items: list[_Item], reducers: l
                similarity: bool, similarity_rows: int | None, from_agg: str) -> CensusPart:
     batch, token_word = _encode(tokenizer, items)
     keep = similarity or token_word is not None
-    with torch.no_grad(), capture(model, keep=keep, reducers=None if keep else reducers) as cap:
-        model(**_model_inputs(model, batch))
+    with torch.no_grad(), capture(model, keep=keep, reducers=None if keep else reducers,
+                                  stop_early=True) as cap:
+        model(**_model_inputs(model, batch))  # stops after the last attention layer
     part = CensusPart(tally=cap.tally, sentences=len(items))
     if not keep:
         return part

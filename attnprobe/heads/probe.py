@@ -43,7 +43,7 @@ def _wrap(tokenizer: Any, ids: list[int]) -> list[int]:
     return wrap(ids) if wrap else ids
 
 
-def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 4,
+def repeated_tokens(tokenizer: Any, *, length: int = 32, n_sequences: int = 4,
                     seed: int = 0, max_length: int | None = None,
                     special_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``input_ids`` / ``attention_mask`` ``[n_sequences, 2 * length + specials]``.
@@ -69,7 +69,7 @@ def repeated_tokens(tokenizer: Any, *, length: int = 50, n_sequences: int = 4,
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 50,
+def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 32,
                           n_sequences: int = 4, seed: int = 0,
                           classes: dict[str, torch.Tensor] | None = None) -> Tally:
     """``rep_prev``, ``rep_duplicate``, ``rep_induction``, ``rep_duplicate_ahead`` and
@@ -82,6 +82,6 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 50,
                             special_ids=classes["special"])
     device = next(model.parameters()).device
     stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
-    with torch.no_grad(), capture(model, keep=False, reducers=[stats]) as cap:
+    with torch.no_grad(), capture(model, keep=False, reducers=[stats], stop_early=True) as cap:
         model(**{k: v.to(device) for k, v in batch.items()})
     return cap.tally

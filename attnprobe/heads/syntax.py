@@ -131,7 +131,9 @@ class SyntaxCounts:
         eye = torch.eye(n, dtype=torch.bool)
         closed = eye | ~mask[:, None, :] | ~mask[:, :, None]  # [batch, word, word]
         masked = pattern.masked_fill(closed[:, None, None].to(pattern.device), -math.inf)
-        preds = {"dep->head": masked.argmax(-1).cpu(), "head->dep": masked.argmax(-2).cpu()}
+        # max(...).indices: much faster than argmax on CPU, above all along dim -2
+        preds = {"dep->head": masked.max(-1).indices.cpu(),
+                 "head->dep": masked.max(-2).indices.cpu()}
         member_f = member.to(torch.float32)
         for direction, pred in preds.items():  # pred [batch, layer, head, word]
             hit = (pred == gold[:, None, None, :]).to(torch.float32)

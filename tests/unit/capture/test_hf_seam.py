@@ -127,3 +127,38 @@ def test_generate_with_a_kv_cache_strips_padding_at_every_step():
     assert step.shape[-2:] == (1, 3)  # one new query over 2 prompt tokens + itself
     assert step.key_tokens[:2] == ("9", "10")
     assert torch.allclose(step.pattern.sum(-1), torch.ones(1))
+
+
+def test_stop_early_ends_the_forward_after_the_last_requested_layer(bert):
+    ids = torch.randint(5, 50, (2, 6))
+    calls = []
+    handles = [bert.encoder.layer[i].intermediate.register_forward_hook(
+        lambda *_, i=i: calls.append(i)) for i in range(2)]
+    try:
+        with torch.no_grad(), ap.capture(bert) as full:
+            bert(input_ids=ids)
+        assert calls == [0, 1]
+        calls.clear()
+        after = []
+        with torch.no_grad(), ap.capture(bert, stop_early=True) as early:
+            bert(input_ids=ids)
+            after.append("ran")  # skipped: the forward stops inside
+        assert calls == [0] and after == []  # layer 1's attention ran, its feed-forward not
+        calls.clear()
+        with torch.no_grad(), ap.capture(bert, layers=[0], stop_early=True) as first:
+            bert(input_ids=ids)
+        assert calls == []  # stopped inside layer 0, before its feed-forward
+    finally:
+        for handle in handles:
+            handle.remove()
+    for a, b in zip(full.maps, early.maps, strict=True):
+        assert torch.equal(a.pattern, b.pattern)
+    assert torch.equal(first.maps[0].pattern, full.maps[0].pattern[:1])
+    assert bert.config._attn_implementation == "sdpa"
+
+
+def test_stop_forward_is_not_swallowed_without_stop_early(bert):
+    from attnprobe.capture.recorder import StopForward
+
+    with pytest.raises(StopForward), ap.capture(bert):
+        raise StopForward
