@@ -15,7 +15,14 @@ from attnprobe.errors import (
     MissingExtraError,
     ModelNotFoundError,
 )
-from attnprobe.types import AttentionMap, ModelInfo, head_id, load_maps, save_maps
+from attnprobe.types import (
+    AttentionMap,
+    ModelInfo,
+    TokenAttribution,
+    head_id,
+    load_maps,
+    save_maps,
+)
 
 __version__ = "0.1.0"
 
@@ -31,6 +38,8 @@ __all__ = [
     "MissingExtraError",
     "ModelInfo",
     "ModelNotFoundError",
+    "TokenAttribution",
+    "attribution",
     "capture",
     "count_hooks",
     "extract",
@@ -49,4 +58,8 @@ def __getattr__(name: str):
         from attnprobe import extraction
 
         return getattr(extraction, name)
+    if name == "attribution":
+        import importlib
+
+        return importlib.import_module("attnprobe.attribution")
     raise AttributeError(f"module 'attnprobe' has no attribute {name!r}")

@@ -35,10 +35,50 @@ from attnprobe.heads.words import to_words
 
 
 @dataclass
+class StackedSums:
+    """Reducer sums of every layer of one (stack, kind) at once, ``[layer * head]`` per
+    statistic. Batches add these; they are split into a per-layer :class:`Tally` once, at
+    the end (splitting per batch costs more than the statistics themselves)."""
+
+    stack: str
+    kind: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    rows: float
+    sums: dict[str, Any]
+
+    def __add__(self, other: StackedSums) -> StackedSums:
+        if (self.stack, self.kind, self.layers, self.heads) != \
+                (other.stack, other.kind, other.layers, other.heads):
+            raise InputError("cannot add sums of different attention sites")
+        sums = dict(self.sums)
+        for name, value in other.sums.items():
+            if name not in sums:
+                sums[name] = value
+            elif isinstance(value, tuple):
+                sums[name] = (sums[name][0] + value[0], sums[name][1] + value[1])
+            else:
+                sums[name] = sums[name] + value
+        return StackedSums(self.stack, self.kind, self.layers, self.heads,
+                           self.rows + other.rows, sums)
+
+    def to_tally(self) -> Tally:
+        tally = Tally()
+        n_heads = len(self.heads)
+        for li, layer in enumerate(self.layers):
+            heads = slice(li * n_heads, (li + 1) * n_heads)
+            layer_sums = {name: tuple(v[heads] for v in value) if isinstance(value, tuple)
+                          else value[heads] for name, value in self.sums.items()}
+            tally.add_sums((self.stack, self.kind, layer), self.heads, self.rows, layer_sums)
+        return tally
+
+
+@dataclass
 class CensusPart:
     """What one batch contributed; parts add exactly."""
 
     tally: Tally = field(default_factory=Tally)
+    stacked: dict[tuple[str, str], StackedSums] = field(default_factory=dict)
     syntax: SyntaxCounts | None = None
     distances: HeadDistances | None = None
     sentences: int = 0
@@ -47,9 +87,16 @@ class CensusPart:
         def plus(a: Any, b: Any) -> Any:
             return b if a is None else a if b is None else a + b
 
-        return CensusPart(self.tally + other.tally, plus(self.syntax, other.syntax),
+        stacked = dict(self.stacked)
+        for key, value in other.stacked.items():
+            stacked[key] = plus(stacked.get(key), value)
+        return CensusPart(self.tally + other.tally, stacked, plus(self.syntax, other.syntax),
                           plus(self.distances, other.distances),
                           self.sentences + other.sentences)
+
+    def full_tally(self) -> Tally:
+        """Streaming and stacked sums together, per (stack, kind, layer)."""
+        return sum((s.to_tally() for s in self.stacked.values()), self.tally)
 
 
 @dataclass
@@ -74,6 +121,11 @@ class Census:
     def n_sentences(self) -> int:
         return self.part.sentences
 
+    @property
+    def tally(self) -> Tally:
+        """Every streaming statistic, per (stack, kind, layer) and head (mergeable)."""
+        return self.part.full_tally()
+
     def scores(self) -> pd.DataFrame:
         """One row per head, every score (columns in ``attnprobe.heads.scores``)."""
         extras = []
@@ -85,7 +137,7 @@ class Census:
         extra = None
         for frame in extras:
             extra = frame if extra is None else extra.merge(frame, on=INDEX[:4], how="outer")
-        return wide_scores(self.part.tally, window=self.window, extra=extra)
+        return wide_scores(self.tally, window=self.window, extra=extra)
 
     def classify(self, thresholds: labels.Thresholds | None = None) -> pd.DataFrame:
         """Scores plus ``label``, ``evidence`` and ``also`` per head."""
@@ -103,7 +155,7 @@ class Census:
 
     def offsets(self) -> pd.DataFrame:
         """Mass and argmax share at every relative offset, per head (long form)."""
-        return offset_table(self.part.tally)
+        return offset_table(self.tally)
 
     def distances(self) -> pd.DataFrame:
         """Mean Jensen–Shannon divergence between every pair of heads (long form)."""
@@ -206,7 +258,7 @@ def _main_self(batches: list[BatchPatterns]) -> BatchPatterns:
     return next(b for b in batches if b.kind == "self")
 
 
-def _tally_layers(patterns: BatchPatterns, reducers: list[Reducer]) -> Tally:
+def _stacked_sums(patterns: BatchPatterns, reducers: list[Reducer]) -> StackedSums:
     """Every layer of one batch through the reducers in one go (a few large tensor
     operations instead of many small ones per layer); same sums as streaming."""
     pattern = patterns.pattern  # [batch, layer, head, q, k]
@@ -221,14 +273,8 @@ def _tally_layers(patterns: BatchPatterns, reducers: list[Reducer]) -> Tally:
     sums: dict[str, Any] = {}
     for reducer in reducers:
         sums.update(reducer(block))
-    rows = float(patterns.query_valid.sum())
-    tally = Tally()
-    for li, layer in enumerate(patterns.layers):
-        heads = slice(li * n_heads, (li + 1) * n_heads)
-        layer_sums = {name: tuple(v[heads] for v in value) if isinstance(value, tuple)
-                      else value[heads] for name, value in sums.items()}
-        tally.add_sums((patterns.stack, patterns.kind, layer), patterns.heads, rows, layer_sums)
-    return tally
+    return StackedSums(patterns.stack, patterns.kind, patterns.layers, patterns.heads,
+                       float(patterns.query_valid.sum()), sums)
 
 
 def _run_batch(model: nn.Module, tokenizer: Any, items: list[_Item], reducers: list,
@@ -242,7 +288,7 @@ def _run_batch(model: nn.Module, tokenizer: Any, items: list[_Item], reducers: l
     if not keep:
         return part
     groups = cap.batches()
-    part.tally = sum((_tally_layers(group, reducers) for group in groups), Tally())
+    part.stacked = {(g.stack, g.kind): _stacked_sums(g, reducers) for g in groups}
     patterns = _main_self(groups)
     if similarity:
         part.distances = HeadDistances.from_batch(patterns, max_rows=similarity_rows)

@@ -30,7 +30,7 @@ def _census_tables(conllu: str, out: Path, rank: int, world: int, rendezvous: st
         if rank == 0:
             tables = {"scores": result.scores(), "syntax": result.syntax(),
                       "distances": result.distances(), "n": result.n_sentences,
-                      "rows": dict(result.part.tally.counts)}
+                      "rows": dict(result.tally.counts)}
             out.write_bytes(pickle.dumps(tables))
     finally:
         if world > 1:
