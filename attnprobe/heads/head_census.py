@@ -313,7 +313,7 @@ def _gather(parts: list[tuple[int, CensusPart]]) -> list[tuple[int, CensusPart]]
 
 def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
            trees: Sequence[Tree] | None = None, syntax: bool | None = None,
-           similarity: bool = True, similarity_rows: int | None = 32,
+           similarity: bool = True, similarity_rows: int | None = 16,
            repeated: bool = True, batch_size: int = 32,
            max_length: int | None = None, on_long: str = "error", window: int = 3,
            min_count: int = 20, from_agg: str = "mean", nlp: Any = None,

@@ -150,11 +150,10 @@ class SyntaxCounts:
         edges[rows, words, gold[rows, words]] = True
         edges = edges | edges.transpose(1, 2)
         # float32 within a batch (at most batch x words² terms per head), float64 across
-        open_pairs = (~closed).to(pattern.dtype)
-        related = torch.einsum("blhij,bij->lh", pattern, (edges & ~closed).to(pattern.dtype))
-        mass = torch.einsum("blhij,bij->lh", pattern, open_pairs)
-        _add(self.related, group, related.to(torch.float64).cpu())
-        _add(self.mass, group, mass.to(torch.float64).cpu())
+        pairs = torch.stack([edges & ~closed, ~closed], -1).to(pattern.dtype)  # [b, i, j, 2]
+        related, mass = torch.einsum("blhij,bijp->plh", pattern, pairs).to(torch.float64).cpu()
+        _add(self.related, group, related)
+        _add(self.mass, group, mass)
 
     # -------------------------------------------------------------------------- tables
     def _relations(self, group: Group, min_count: int, with_all: bool) -> list[str]:
