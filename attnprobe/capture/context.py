@@ -114,7 +114,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             edit: EditFn | None = None, scores: bool = False, tokenizer: Any = None,
             example_ids: Sequence[str] | None = None,
             query_block: int | None = None, live: bool = False,
-            values: bool = False, stop_early: bool = False) -> Iterator[Capture]:
+            values: bool = False, stop_early: bool = False,
+            edit_output: EditFn | None = None) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
 
     Args:
@@ -137,6 +138,9 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
             (``cap.live``), e.g. for attention × gradient.
         values: keep each site's value vectors (``cap.values``), e.g. for the norm-based
             view ``‖α f(x)‖``.
+        edit_output: ``edit_output(layer, output) -> output`` on each requested layer's
+            per-head outputs ``[batch, head, query, d_head]`` (weights times values, before
+            the output projection), e.g. mean-ablation; transformers models.
         stop_early: end the forward as soon as the last requested attention site has been
             read (e.g. skip the last layer's feed-forward): for analyses of attention only.
             The forward call then returns no output — the statement after it inside the
@@ -151,7 +155,8 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
     recorder = Recorder(layers=layers, heads=heads, keep=keep, reducers=reducers, edit=edit,
-                        query_block=query_block, live=live, values=values)
+                        query_block=query_block, live=live, values=values,
+                        edit_output=edit_output)
     result = Capture()
     use_hf = paths is None and hf.is_hf_model(model)
     with ExitStack() as stack:

@@ -175,7 +175,11 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
             dropped = nn.functional.dropout(weights, p=dropout, training=True) if dropout \
                 else weights
             output = _weights_times_values(dropped, value)
-        return output, weights
+        for taker, taker_site in takers:
+            if taker.edit_output is not None:  # [batch, q, head, d] -> per head [b, h, q, d]
+                heads_first = output.transpose(1, 2)
+                output = taker.apply_output_edit(taker_site, heads_first).transpose(1, 2)
+        return output.contiguous(), weights
     outputs = []
     for start in range(0, q_len, block):
         out, weights, visible = run(slice(start, start + block))

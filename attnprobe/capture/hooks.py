@@ -85,8 +85,8 @@ def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None,
               scores: bool = False) -> Iterator[list[Site]]:
     """Hook each pattern-producing module (and optionally its ``hook_scores`` sibling);
     handles are removed even if the forward raises."""
-    if recorder.values:
-        raise InputError("values=True reads value vectors inside transformers' attention "
+    if recorder.values or recorder.edit_output is not None:
+        raise InputError("values=True and edit_output work inside transformers' attention "
                          "function; hook-point models expose only patterns")
     paths = list(paths) if paths is not None else hook_point_paths(model)
     if not paths:

@@ -132,7 +132,7 @@ class Recorder:
     def __init__(self, *, layers: Sequence[int] | None, heads: Sequence[int] | None,
                  keep: bool, reducers: Sequence[Reducer] | None, edit: EditFn | None,
                  query_block: int | None = None, live: bool = False,
-                 values: bool = False) -> None:
+                 values: bool = False, edit_output: EditFn | None = None) -> None:
         self.layers = _check_indices("layers", layers)
         self.heads = _check_indices("heads", heads)
         self.keep = keep
@@ -141,6 +141,7 @@ class Recorder:
         self.query_block = query_block
         self.live = live
         self.values = values
+        self.edit_output = edit_output
         self.stop_after: Site | None = None  # raise StopForward once this site is read
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
@@ -154,12 +155,13 @@ class Recorder:
     @property
     def needs_weights(self) -> bool:
         return self.keep or bool(self.reducers) or self.edit is not None or self.live \
-            or self.values
+            or self.values or self.edit_output is not None
 
     @property
     def needs_whole(self) -> bool:
         """Whether a seam must hand over all query rows at once (no row blocks)."""
-        return self.keep or self.edit is not None or self.live or self.values
+        return self.keep or self.edit is not None or self.live or self.values \
+            or self.edit_output is not None
 
     def wants(self, site: Site) -> bool:
         return self.layers is None or site.layer in self.layers
@@ -217,15 +219,23 @@ class Recorder:
     def apply_edit(self, site: Site, pattern: torch.Tensor) -> torch.Tensor:
         """Run the caller's edit on ``[batch, head, query, key]``; check shape and finiteness."""
         assert self.edit is not None  # noqa: S101 - guarded by callers
-        edited = self.edit(site.layer, pattern)
-        if not isinstance(edited, torch.Tensor) or edited.shape != pattern.shape:
+        return self._checked(site, pattern, self.edit(site.layer, pattern), "edit")
+
+    def apply_output_edit(self, site: Site, output: torch.Tensor) -> torch.Tensor:
+        """Run the caller's output edit on the per-head outputs ``[batch, head, query, d]``
+        (the weights times the values, before the output projection)."""
+        assert self.edit_output is not None  # noqa: S101 - guarded by callers
+        return self._checked(site, output, self.edit_output(site.layer, output), "edit_output")
+
+    def _checked(self, site: Site, before: torch.Tensor, edited: Any, what: str) -> torch.Tensor:
+        if not isinstance(edited, torch.Tensor) or edited.shape != before.shape:
             got = tuple(edited.shape) if isinstance(edited, torch.Tensor) else type(edited).__name__
-            raise InputError(f"edit at {site.path} must return a tensor of shape "
-                             f"{tuple(pattern.shape)}; got {got}")
+            raise InputError(f"{what} at {site.path} must return a tensor of shape "
+                             f"{tuple(before.shape)}; got {got}")
         if not torch.isfinite(edited).all():
-            raise InputError(f"edit at {site.path} returned NaN or inf")
-        edited = edited.to(pattern.dtype)
-        change = (edited - pattern).abs().max().item() if pattern.numel() else 0.0
+            raise InputError(f"{what} at {site.path} returned NaN or inf")
+        edited = edited.to(before.dtype)
+        change = (edited - before).abs().max().item() if before.numel() else 0.0
         self.edit_changes[site] = max(self.edit_changes.get(site, 0.0), change)
         return edited
 
@@ -302,7 +312,8 @@ class Recorder:
         if missing and self.needs_weights:
             raise HookNotFiredError(f"attention at {', '.join(missing)} never ran; check the "
                                     "paths/layers or that the model calls these modules")
-        if self.edit is not None and not any(v > 0 for v in self.edit_changes.values()):
+        edits = self.edit is not None or self.edit_output is not None
+        if edits and not any(v > 0 for v in self.edit_changes.values()):
             raise EditNotAppliedError("the edit left every attention pattern unchanged "
                                       f"(layers {sorted({s.layer for s in self.fired})})")
 

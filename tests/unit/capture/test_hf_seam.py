@@ -162,3 +162,40 @@ def test_stop_forward_is_not_swallowed_without_stop_early(bert):
 
     with pytest.raises(StopForward), ap.capture(bert):
         raise StopForward
+
+
+def test_output_edit_replaces_one_heads_output_and_must_change_something(bert):
+    ids = torch.randint(5, 50, (2, 6))
+    with torch.no_grad():
+        plain = bert(input_ids=ids).last_hidden_state
+        seen = {}
+
+        def record(layer, output):  # [batch, head, query, d_head]
+            seen[layer] = output.clone()
+            return output
+
+        with pytest.raises(ap.EditNotAppliedError), ap.capture(bert, edit_output=record):
+            bert(input_ids=ids)
+        assert seen[0].shape == (2, 2, 6, 8)
+
+        def mean_ablate_head_1(layer, output):
+            output = output.clone()
+            output[:, 1] = output[:, 1].mean(dim=(0, 1), keepdim=True)
+            return output
+
+        with ap.capture(bert, layers=[1], edit_output=mean_ablate_head_1) as cap:
+            edited = bert(input_ids=ids).last_hidden_state
+    assert cap.edits["layer"].tolist() == [1]
+    assert not torch.allclose(edited, plain)
+    # by hand: layer 1's attention output with head 1 replaced by its mean, through the rest
+    layer = bert.encoder.layer[1]
+    with torch.no_grad():
+        hidden = bert.embeddings(input_ids=ids)
+        hidden = bert.encoder.layer[0](hidden)[0] if isinstance(
+            bert.encoder.layer[0](hidden), tuple) else bert.encoder.layer[0](hidden)
+        heads = seen[1]
+        heads[:, 1] = heads[:, 1].mean(dim=(0, 1), keepdim=True)
+        context = heads.transpose(1, 2).reshape(2, 6, 16)
+        attended = layer.attention.output(context, hidden)
+        expected = layer.output(layer.intermediate(attended), attended)
+    assert torch.allclose(edited, expected, atol=1e-5)
