@@ -1,0 +1,174 @@
+"""``attnprobe heads`` and ``attnprobe syntax``: the head census from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Any
+
+import pandas as pd
+
+from attnprobe.commands.common import (
+    MAX_SKIPPED_SHOWN,
+    check_out,
+    corpus_from_args,
+    count_noun,
+    distributed_group,
+    positive,
+    text_args,
+    write_table,
+    wrote,
+)
+from attnprobe.errors import AttnProbeError
+
+
+def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, repeated: bool,
+                from_agg: str = "mean", world: int = 1, rank: int = 0) -> Any:
+    """Load the model, read the sentences, run the census; report skipped sentences."""
+    from attnprobe.heads.head_census import census
+    from attnprobe.loading import load_model
+
+    texts, trees = corpus_from_args(args)
+    model, tokenizer = load_model(args.model)
+    result = census(model, tokenizer, texts, trees=trees, syntax=syntax if texts else None,
+                    similarity=similarity, repeated=repeated, batch_size=args.batch_size,
+                    max_length=args.max_length, on_long="skip" if args.skip_long else "error",
+                    from_agg=from_agg, distributed=world > 1, progress=not args.quiet)
+    if result.skipped and rank == 0:
+        shown = ", ".join(result.skipped[:MAX_SKIPPED_SHOWN])
+        more = len(result.skipped) - MAX_SKIPPED_SHOWN
+        print(f"skipped {count_noun(len(result.skipped), 'sentence')} longer than the model allows "
+              f"(ids: {shown}{f', ... and {more} more' if more > 0 else ''})", file=sys.stderr)
+    return result
+
+
+def cmd_heads(args: argparse.Namespace) -> int:
+    from attnprobe.heads.labels import PRECEDENCE
+
+    out = check_out(args.out, "--out")
+    profile = check_out(args.profile, "--profile")
+    distances = check_out(args.distances, "--distances")
+    if distances is not None and args.no_similarity:
+        raise AttnProbeError("--distances needs head similarity; drop --no-similarity")
+    with distributed_group(args.distributed) as (rank, world):
+        result = _run_census(args, syntax=args.syntax, similarity=not args.no_similarity,
+                             repeated=not args.no_repeated, world=world, rank=rank)
+        if rank != 0:
+            return 0
+        table = result.classify()
+        write_table(table, out)
+        wrote(args, f"{len(table)} heads", out)
+        if profile is not None:
+            write_table(result.layer_profile(), profile)
+            wrote(args, "the layer profile", profile)
+        if distances is not None:
+            write_table(result.distances(), distances)
+            wrote(args, "head distances", distances)
+        counts = table["label"].value_counts()
+        print(f"{count_noun(result.n_sentences, 'sentence')}, {len(table)} heads"
+              + (f" ({len(result.skipped)} skipped)" if result.skipped else ""))
+        for label in PRECEDENCE:
+            if counts.get(label, 0):
+                print(f"  {label:<18} {counts[label]}")
+    return 0
+
+
+def cmd_syntax(args: argparse.Namespace) -> int:
+    out = check_out(args.out, "--out")
+    with distributed_group(args.distributed) as (rank, world):
+        result = _run_census(args, syntax=True, similarity=False, repeated=False,
+                             from_agg=args.from_agg, world=world, rank=rank)
+        if rank != 0:
+            return 0
+        table = result.syntax(args.min_count)
+        write_table(table, out)
+        wrote(args, f"{len(table)} relations", out)
+        columns = ["relation", "head_id", "accuracy", "baseline", "margin", "count"]
+        if table[["stack", "kind"]].drop_duplicates().shape[0] > 1:  # encoder-decoder
+            columns = ["stack", "kind", *columns]
+        print(count_noun(result.n_sentences, "sentence")
+              + (f" ({len(result.skipped)} skipped)" if result.skipped else ""))
+        if table.empty:
+            print(f"no relation has at least {args.min_count} words")
+        else:
+            with pd.option_context("display.width", 120, "display.max_rows", None,
+                                   "display.float_format", "{:.3f}".format):
+                print(table[columns].to_string(index=False))
+    return 0
+
+
+def _census_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``heads`` and ``syntax``."""
+    text_args(parser)
+    parser.add_argument("--conllu", help="a CoNLL-U file of dependency trees (instead of text)")
+    parser.add_argument("--batch-size", type=positive, default=32, help="sentences per batch")
+    parser.add_argument("--max-length", type=positive, help="cap on tokens per sentence")
+    parser.add_argument("--skip-long", action="store_true",
+                        help="leave out sentences longer than the model allows (listed on "
+                             "stderr) instead of failing")
+    parser.add_argument("--distributed", action="store_true",
+                        help="under torchrun (WORLD_SIZE > 1): split the batches over the "
+                             "processes (gloo); rank 0 writes and prints. No-op otherwise")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or 'wrote' notes on stderr")
+
+
+HEADS_EXAMPLE = """examples:
+  attnprobe heads --model minilm --text-file sentences.txt --out heads.csv
+  attnprobe heads --model minilm --conllu en_ewt-ud-dev.conllu --skip-long --out heads.parquet \\
+      --profile layers.csv --distances distances.csv
+
+{about}
+Under torchrun:
+  torchrun --nproc-per-node 2 -m attnprobe.cli heads --distributed --text-file s.txt --out h.csv
+"""
+SYNTAX_EXAMPLE = """examples:
+  attnprobe syntax --model minilm --conllu en_ewt-ud-dev.conllu --min-count 20 --out syntax.csv
+  attnprobe syntax --model minilm --text "The cat chased a small mouse." --out syntax.csv
+
+Writes one row per relation (plus 'all', every non-root word): the best head and direction,
+its accuracy, the best fixed-offset baseline (baseline, baseline_offset), margin = accuracy -
+baseline, and count (words with the relation). Text is parsed with spaCy (spaCy labels).
+"""
+
+
+
+
+def register(sub: Any) -> None:
+    """Add ``heads`` and ``syntax`` to the ``attnprobe`` sub-command parsers."""
+    from attnprobe.heads.labels import PRECEDENCE
+
+    heads = sub.add_parser("heads", help="label every head from its scores over a corpus",
+                           epilog=HEADS_EXAMPLE.format(about=textwrap.fill(
+                               "Writes one row per head: label (the first rule that fired, in "
+                               f"this order: {', '.join(PRECEDENCE)}), evidence, also (other "
+                               "rules that fired) and every score.", 90)),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _census_args(heads)
+    heads.add_argument("--out", default="heads.csv",
+                       help="per-head table: .csv, .parquet or .json (default heads.csv)")
+    heads.add_argument("--syntax", action="store_true",
+                       help="parse --text/--text-file with spaCy so syntax scores join the "
+                            "table (implied by --conllu)")
+    heads.add_argument("--no-similarity", action="store_true",
+                       help="skip head-to-head Jensen-Shannon distances (faster)")
+    heads.add_argument("--no-repeated", action="store_true",
+                       help="skip the repeated-random-token probe (no rep_* scores, no "
+                            "induction/duplicate labels)")
+    heads.add_argument("--profile", help="also write the per-layer profile table here")
+    heads.add_argument("--distances", help="also write head-pair JS distances here")
+    heads.set_defaults(run=cmd_heads)
+
+    syntax = sub.add_parser("syntax", help="best head per dependency relation vs an offset "
+                                           "baseline", epilog=SYNTAX_EXAMPLE,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    _census_args(syntax)
+    syntax.add_argument("--out", default="syntax.csv",
+                        help="per-relation table: .csv, .parquet or .json (default syntax.csv)")
+    syntax.add_argument("--min-count", type=positive, default=1,
+                        help="leave out relations with fewer words (default 1)")
+    syntax.add_argument("--from-agg", choices=("mean", "first", "max"), default="mean",
+                        help="attention from a word split into pieces: mean (default), "
+                             "first piece, or max over its pieces")
+    syntax.set_defaults(run=cmd_syntax)
