@@ -9,6 +9,7 @@ Each model exposes hook points ``blocks.{i}.attn.hook_scores`` / ``blocks.{i}.at
 
 # Mechanism families register their builders in REFERENCE_MODELS when imported.
 from attnprobe.models import (  # noqa: F401
+    classifier,
     decoder_only,
     encoder_decoder,
     linear_attention,

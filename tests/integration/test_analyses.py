@@ -61,6 +61,22 @@ def test_head_census_smoke(tmp_path, monkeypatch):
     assert record["script"] == "analyses/head_census.py" and record["config"]
 
 
+def test_bench_attribution_smoke(tmp_path, monkeypatch):
+    import pandas as pd
+
+    bench = load("bench_attribution")
+    monkeypatch.setattr(sys, "argv", ["bench_attribution.py"])
+    bench.main(["--smoke", "--out", str(tmp_path)])
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["comparison"].str.contains("captum_one_step").any()
+    assert (summary["attnprobe_s_per_example"] > 0).all() and (summary["speedup"] > 0).all()
+    assert (summary["max_abs_diff"] <= 1e-5).all()  # the same integral, batched or not
+    timing = pd.read_csv(tmp_path / "timing.csv")
+    assert set(timing["contender"]) == {"attnprobe", "captum_one_step", "captum_default"}
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/bench_attribution.py" and record["config"]
+
+
 NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_"))
 OWN_TESTS = ("bench_capture", "bench_census", "head_census")  # smoke-run by the tests above
 
@@ -79,3 +95,35 @@ def test_every_analysis_runs_at_smoke_size(name, tmp_path, monkeypatch):
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["script"] == f"analyses/{name}.py"
     assert any(tmp_path.glob("*.csv"))
+
+
+def test_bench_perturb_smoke(tmp_path, monkeypatch):
+    bench = load("bench_perturb")
+    monkeypatch.setattr(sys, "argv", ["bench_perturb.py"])
+    bench.main(["--smoke", "--out", str(tmp_path)])
+    summary = (tmp_path / "summary.csv").read_text()
+    assert "8 permutations of layer 3" in summary
+    checks = {line.rsplit(",", 1)[0]: float(line.rsplit(",", 1)[1])
+              for line in (tmp_path / "checks.csv").read_text().splitlines()[1:]}
+    assert checks["tokens in the sentence"] == 30
+    assert checks["same argmax key in every permuted row (1 = yes)"] == 1
+    assert checks["max |batched - sequential| permuted weights"] <= 1e-6
+    assert checks["max |batched - sequential| last hidden state"] <= 1e-4
+    assert checks["distinct embeddings among the batched permutations"] == 8
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/bench_perturb.py" and record["config"]
+
+
+def test_bench_flow_smoke(tmp_path, monkeypatch):
+    bench = load("bench_flow")
+    monkeypatch.setattr(sys, "argv", ["bench_flow.py"])
+    bench.main(["--smoke", "--out", str(tmp_path)])
+    summary = (tmp_path / "summary.csv").read_text()
+    assert "per pair, 4 inputs" in summary and "networkx extrapolated" in summary
+    checks = {line.rsplit(",", 1)[0]: float(line.rsplit(",", 1)[1])
+              for line in (tmp_path / "checks.csv").read_text().splitlines()[1:]}
+    assert checks["tokens in the map"] == 16
+    assert checks["max relative difference ours vs networkx (subset)"] <= 1e-6
+    assert abs(checks["ours normalised flow sums to 1 (all inputs)"] - 1) <= 1e-9
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/bench_flow.py" and record["config"]

@@ -1,0 +1,300 @@
+"""Head importance and the pruning curve (Michel, Levy & Neubig 2019, "Are Sixteen Heads
+Really Better than One?").
+
+Michel et al. give every head a gate ``ξ_h`` on its output, ``MHAtt(x) = Σ_h ξ_h Att_h(x)``,
+and score it by ``I_h = E_x |∂L(x)/∂ξ_h|`` at ``ξ = 1``. Because the head's output is
+``A_h V_h``, a gate on the output is the same as a gate on the weights, and at ``ξ = 1``::
+
+    ∂L/∂ξ_h = Σ_{q,k} A_h[q, k] · ∂L/∂A_h[q, k]
+
+so the score needs only the weights and their gradients. Pruning a head sets ``ξ_h = 0``,
+i.e. zeroes its weights (its output is then exactly zero).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attnprobe.capture import Site, capture
+from attnprobe.errors import InputError
+from attnprobe.extraction import _batches, _model_inputs, check_texts, encode
+from attnprobe.types import head_id
+
+__all__ = ["IMPORTANCE_COLUMNS", "PRUNING_COLUMNS", "head_importance", "pruning_curve",
+           "similarity_loss"]
+
+IMPORTANCE_COLUMNS = ("stack", "kind", "layer", "head", "head_id", "importance",
+                      "importance_raw")
+PRUNING_COLUMNS = ("n_pruned", "share_pruned", "metric")
+
+Inputs = Mapping[str, torch.Tensor]
+LossFn = Callable[[Any, Inputs], torch.Tensor]
+MetricFn = Callable[[Any, Inputs], Any]
+
+
+# ----------------------------------------------------------------------------- helpers
+@contextmanager
+def _gradients_reach_attention(model: nn.Module) -> Iterator[None]:
+    """Make every parameter require grad for the call (restored after), so the attention
+    weights are in the autograd graph even when the model is frozen. Gradients are taken with
+    ``torch.autograd.grad``, so no parameter's ``.grad`` is touched."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def _query_rows(inputs: Inputs, site: Site, batch: int, n_query: int,
+                device: torch.device) -> torch.Tensor:
+    """``[batch, query]`` bool: the real query rows of a site (padding rows are left out)."""
+    name = "decoder_attention_mask" if site.side == "decoder" else "attention_mask"
+    mask = inputs.get(name)
+    if isinstance(mask, torch.Tensor) and tuple(mask.shape) == (batch, n_query):
+        return mask.to(device) != 0
+    return torch.ones(batch, n_query, dtype=torch.bool, device=device)
+
+
+def _check_loss(loss: Any, batch: int) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 1 or loss.shape[0] != batch:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise InputError(f"loss_fn must return one loss per example, a tensor [{batch}]; "
+                         f"got {got}")
+    if not torch.isfinite(loss.detach()).all():
+        raise InputError("loss_fn returned NaN or inf")
+    return loss
+
+
+def _site_order(site: Site) -> tuple[str, str, int]:
+    return (site.stack, site.kind, site.layer)
+
+
+# ----------------------------------------------------------------------------- importance
+def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
+                    loss_fn: LossFn, *, batch_size: int = 8) -> pd.DataFrame:
+    """Michel et al.'s head importance ``I_h = E_x |∂L(x)/∂ξ_h|`` of every head.
+
+    How it is computed: one forward per batch under :func:`attnprobe.capture` with
+    ``live=True`` keeps every layer's weights ``A`` in the autograd graph, and
+    ``torch.autograd.grad`` gives ``∂L/∂A``; per example and head,
+    ``∂L/∂ξ_h = Σ_{q,k} A ⊙ ∂L/∂A`` (exact at ``ξ = 1``, see the module docstring), and the
+    absolute value is taken per example, as the paper requires. A mask ``ξ`` inserted with
+    ``edit=`` would give the same number, but at ``ξ = 1`` such an edit changes nothing, which
+    the capture context rightly reports as an edit that was not applied; reading the live
+    weights needs no edit and no extra forward. Query rows of padding tokens are left out, so
+    a text's score does not depend on its batch. Parameters are never modified (a frozen
+    model is made to require grad for the call only; no ``.grad`` is written).
+
+    Args:
+        texts: the corpus ``X`` (each non-empty).
+        loss_fn: ``loss_fn(output, inputs) -> Tensor[batch]``, one loss per example, e.g. a
+            classifier's ``cross_entropy(output, labels, reduction="none")`` or
+            :func:`similarity_loss` for an embedding model. ``inputs`` holds ``input_ids``
+            and ``attention_mask``; examples must not interact (model in eval mode).
+        batch_size: texts per forward (right-padded).
+
+    Returns:
+        One row per head, columns ``IMPORTANCE_COLUMNS``: ``stack``/``kind`` name the
+        attention stack (one per model except encoder-decoders), ``importance_raw`` is
+        ``E_x |∂L/∂ξ_h|`` and ``importance`` is it divided by the ℓ2 norm of its layer's
+        raw scores (Michel et al., after Molchanov et al. 2017; 0 where the whole layer is 0).
+
+    Raises:
+        InputError: empty texts, a bad ``loss_fn`` result, no gradient reaching the
+            attention, or a call inside ``torch.inference_mode()``.
+    """
+    texts = check_texts(texts)
+    if torch.is_inference_mode_enabled():
+        raise InputError("head_importance needs gradients; call it outside "
+                         "torch.inference_mode()")
+    totals: dict[Site, torch.Tensor] = {}
+    for span in _batches(len(texts), batch_size):
+        inputs = _model_inputs(model, encode(model, tokenizer, texts[span]))
+        n = span.stop - span.start
+        with torch.enable_grad(), _gradients_reach_attention(model):
+            with capture(model, keep=False, live=True) as cap:
+                output = model(**inputs)
+            loss = _check_loss(loss_fn(output, inputs), n)
+            if len(cap.live) != 1:
+                raise InputError(f"the model ran {len(cap.live)} forward calls for one batch; "
+                                 "head_importance needs exactly one")
+            sites = sorted(cap.live[0], key=_site_order)
+            patterns = [cap.live[0][s] for s in sites]
+            tracked = [i for i, p in enumerate(patterns) if p.requires_grad]
+            if not loss.requires_grad or not tracked:
+                raise InputError("no gradient reaches the attention from loss_fn (a detached "
+                                 "loss, or weights computed without autograd)")
+            grads = torch.autograd.grad(loss.sum(), [patterns[i] for i in tracked],
+                                        allow_unused=True)
+        by_index = dict(zip(tracked, grads, strict=True))
+        for i, site in enumerate(sites):
+            weights = patterns[i].detach().to(torch.float64)  # [batch, head, query, key]
+            grad = by_index.get(i)
+            if grad is None:  # this head cannot influence the loss
+                per_row = torch.zeros(weights.shape[:3], dtype=torch.float64)
+            else:
+                per_row = (weights * grad.to(torch.float64)).sum(-1)  # [batch, head, query]
+            rows = _query_rows(inputs, site, n, weights.shape[2], per_row.device)
+            per_head = (per_row * rows[:, None, :]).sum(-1)  # [batch, head] = ∂L_x/∂ξ_h
+            total = per_head.abs().sum(0).cpu()
+            totals[site] = totals[site] + total if site in totals else total
+        del patterns, grads, by_index, cap, output, loss
+    return _importance_frame(totals, len(texts))
+
+
+def _importance_frame(totals: dict[Site, torch.Tensor], n_texts: int) -> pd.DataFrame:
+    rows = []
+    for site in sorted(totals, key=_site_order):
+        raw = totals[site] / n_texts
+        norm = float(raw.pow(2).sum().sqrt())
+        for h, value in enumerate(raw.tolist()):
+            rows.append((site.stack, site.kind, site.layer, h, head_id(site.layer, h),
+                         value / norm if norm > 0 else 0.0, value))
+    return pd.DataFrame(rows, columns=list(IMPORTANCE_COLUMNS))
+
+
+def similarity_loss(reference_text: str, model: nn.Module, tokenizer: Any) -> LossFn:
+    """A loss for embedding models: ``1 - cos(embedding(x), embedding(reference_text))``.
+
+    Embeddings are the attention-masked mean of the last hidden state (the sentence-
+    transformers pooling of all-MiniLM-L6-v2). The reference is embedded once, here.
+
+    Returns:
+        ``loss_fn(output, inputs) -> Tensor[batch]`` for :func:`head_importance`.
+    """
+    if not isinstance(reference_text, str) or not reference_text.strip():
+        raise InputError("similarity_loss needs a non-empty reference text")
+    from attnprobe.attribution.targets import parse_target
+
+    target = parse_target(f"similarity:{reference_text}", model, tokenizer)
+
+    def loss(output: Any, inputs: Inputs) -> torch.Tensor:
+        return 1.0 - target(output, inputs)
+
+    return loss
+
+
+# ----------------------------------------------------------------------------- pruning
+def _check_order(order: Any) -> tuple[tuple[int, int], ...]:
+    def index(x: Any) -> int:
+        if isinstance(x, bool):
+            raise TypeError
+        return operator.index(x)  # ints, numpy ints
+
+    if isinstance(order, pd.DataFrame):
+        order = list(zip(order["layer"], order["head"], strict=True))
+    try:
+        pairs = tuple((index(layer), index(head)) for layer, head in order)
+    except (TypeError, ValueError):
+        raise InputError("order must be a sequence of (layer, head) pairs of integers") from None
+    bad = [p for p in pairs if p[0] < 0 or p[1] < 0]
+    if bad:
+        raise InputError(f"order must hold non-negative (layer, head) pairs; got {bad[:5]}")
+    if not pairs:
+        raise InputError("order must name at least one (layer, head) to prune")
+    if len(set(pairs)) != len(pairs):
+        raise InputError("order names a head more than once")
+    return pairs
+
+
+def _metric(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise InputError(f"metric_fn must return one number; got a tensor of shape "
+                             f"{tuple(value.shape)}")
+        value = value.item()
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InputError(f"metric_fn must return a number; got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InputError("metric_fn returned NaN or inf")
+    return float(value)
+
+
+def _prune(pruned: Sequence[tuple[int, int]]) -> tuple[list[int], Callable[..., torch.Tensor]]:
+    """Layers touched and an edit that zeroes the weights of the pruned heads."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in pruned:
+        by_layer.setdefault(layer, []).append(head)
+
+    def edit(layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        gate = torch.ones(pattern.shape[1], dtype=pattern.dtype, device=pattern.device)
+        gate[by_layer[layer]] = 0
+        return pattern * gate[None, :, None, None]
+
+    return sorted(by_layer), edit
+
+
+def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
+                  metric_fn: MetricFn, order: Sequence[tuple[int, int]], *,
+                  steps: int | None = None) -> pd.DataFrame:
+    """Prune heads cumulatively in ``order`` and record ``metric_fn`` after each step.
+
+    A pruned head has its attention weights zeroed (its output is exactly zero, Michel et
+    al.'s ``ξ_h = 0``) through a :func:`attnprobe.capture` edit, so the model itself is never
+    changed and every step starts from the intact model. All texts run as one batch, one
+    forward per point of the curve; the first point is the unpruned model.
+
+    Args:
+        texts: the evaluation texts (one right-padded batch).
+        metric_fn: ``metric_fn(output, inputs) -> number`` (a float or a one-element
+            tensor), e.g. accuracy or mean similarity to a reference.
+        order: ``(layer, head)`` pairs (or a frame with ``layer``/``head`` columns), pruned
+            in this order — e.g. least important first from :func:`head_importance`
+            (``frame.sort_values("importance")``).
+        steps: ``None`` records a point after every head; ``n`` records ``n`` evenly spaced
+            points (``round(i·len(order)/n)`` heads, Michel et al. prune 10% per step).
+
+    Returns:
+        Columns ``PRUNING_COLUMNS``: ``n_pruned``, ``share_pruned`` (of all the model's
+        heads) and ``metric``; the first row has ``n_pruned == 0``.
+
+    Raises:
+        InputError: bad texts, an empty or repeating order, a layer or head out of range,
+            a model with several attention stacks (layers would be ambiguous), bad ``steps``
+            or a ``metric_fn`` that does not return a finite number.
+    """
+    texts = check_texts(texts)
+    order = _check_order(order)
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
+                              or steps < 1):
+        raise InputError(f"steps must be None or an integer >= 1; got {steps!r}")
+    inputs = _model_inputs(model, encode(model, tokenizer, texts))
+
+    # the unpruned point; head 0 is kept only to learn the model's sites and head count
+    with torch.no_grad(), capture(model, heads=[0]) as cap:
+        output = model(**inputs)
+    rows = [(0, 0.0, _metric(metric_fn(output, inputs)))]
+    stacks = sorted({(s.stack, s.kind) for s in cap.sites})
+    if len(stacks) != 1:
+        raise InputError(f"pruning_curve addresses heads by (layer, head) and needs a model "
+                         f"with one attention stack; this one has {stacks}")
+    layers = sorted({s.layer for s in cap.sites})
+    n_heads = cap.maps[0].info.n_heads
+    bad = [(layer, head) for layer, head in order if layer not in layers or head >= n_heads]
+    if bad:
+        raise InputError(f"order names heads out of range {bad[:5]}: layers are "
+                         f"{layers[0]}..{layers[-1]}, heads 0..{n_heads - 1}")
+    del cap, output
+
+    total = len(layers) * n_heads
+    if steps is None:
+        counts = list(range(1, len(order) + 1))
+    else:
+        counts = sorted({round(i * len(order) / steps) for i in range(1, steps + 1)} - {0})
+    for n in counts:
+        pruned_layers, edit = _prune(order[:n])
+        with torch.no_grad(), capture(model, layers=pruned_layers, keep=False, edit=edit):
+            output = model(**inputs)
+        rows.append((n, n / total, _metric(metric_fn(output, inputs))))
+    return pd.DataFrame(rows, columns=list(PRUNING_COLUMNS))

@@ -1,0 +1,460 @@
+"""Attention interventions: small frozen parameter objects with one verb, and where they apply.
+
+Every intervention is a frozen dataclass registered in :data:`INTERVENTIONS` with a ``name``,
+a ``target`` (``"pattern"``: post-softmax weights ``[batch, head, query, key]``; ``"output"``:
+per-head outputs ``[batch, head, query, d_head]`` before the output projection) and one verb::
+
+    intervention(tensor, heads, generator=None, *, layer=None) -> tensor
+
+It changes only the head indices ``heads`` (``None`` = every head) and returns a new tensor;
+the other heads are returned bit-identical and the input is never mutated.
+
+**Valid keys.** The verb sees weights, not masks. Masked keys (padding, the causal future,
+sliding windows) get *exactly* zero weight from the softmax of transformers' eager attention
+and of attnprobe's reference models, so the valid keys of a row are the keys with weight > 0
+in that row's original pattern. Every pattern intervention keeps weight 0 on the other keys,
+and the rows it redistributes sum to 1 over the valid keys. Caveat: a real key whose weight
+underflowed to exactly 0 (very peaked rows, mostly in float16/bfloat16) counts as masked.
+
+Randomness comes only from the ``generator`` (a CPU generator by default, so results do not
+depend on the device); every (batch, head, query) row gets its own draws, so ``n`` copies of one
+example in a batch receive ``n`` independent perturbations in one forward, and drawing for a
+batch of ``n`` consumes the generator exactly like ``n`` forwards of batch 1 in sequence.
+
+:class:`Scope` says which layers and heads an intervention touches.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, Protocol
+
+import torch
+from torch import nn
+
+from attnprobe.errors import InputError
+from attnprobe.registry import Registry, one_of
+
+Target = Literal["pattern", "output"]
+
+__all__ = [
+    "INTERVENTIONS",
+    "Dirichlet",
+    "Erase",
+    "Intervention",
+    "Mean",
+    "Permute",
+    "Scope",
+    "Uniform",
+    "Zero",
+    "attention_sizes",
+    "describe",
+    "make_intervention",
+]
+
+
+# ----------------------------------------------------------------------------- scope
+_HEAD = re.compile(r"^L?(\d+|\*)[.H](\d+)$", re.IGNORECASE)
+
+
+def _indices(name: str, values: Sequence[int] | int | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    values = (values,) if isinstance(values, int) else tuple(values)
+    if not values:
+        raise InputError(f"scope {name} must not be empty; use None for all")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
+        raise InputError(f"scope {name} must be non-negative integers; got {bad}")
+    return tuple(sorted(set(values)))
+
+
+def attention_sizes(model: nn.Module) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` of a model's attention (0 when unknown).
+
+    Layers are counted from the attention sites the capture seam will see (the longest stack),
+    heads come from the config (``num_attention_heads``, ``n_heads`` ...), as in
+    :func:`attnprobe.capture.info.model_info`.
+    """
+    from attnprobe.capture import hf, hooks
+    from attnprobe.capture.info import model_info
+    from attnprobe.capture.sites import layer_counts
+
+    if hf.is_hf_model(model):
+        sites = hf.hf_sites(model)
+    else:
+        paths = hooks.hook_point_paths(model)
+        sites = hooks.path_sites(model, paths) if paths else []
+    info = model_info(model, implementation="")
+    n_layers = max(layer_counts(sites).values(), default=0) or info.n_layers
+    return n_layers, info.n_heads
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which attention heads an intervention touches: ``layers × heads`` (model indices).
+
+    ``None`` means all. ``Scope()`` is every head of every layer, ``Scope(layers=(3,))`` every
+    head of layer 3, ``Scope((3,), (5, 7))`` heads 5 and 7 of layer 3. On encoder-decoder
+    models a layer index selects that layer in every attention stack.
+
+    Parse the command-line form with :meth:`parse`; ``str(scope)`` gives it back.
+    """
+
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", _indices("layers", self.layers))
+        object.__setattr__(self, "heads", _indices("heads", self.heads))
+
+    @classmethod
+    def parse(cls, text: str | Scope) -> Scope:
+        """``"all"``, ``"layer:3"``, ``"layers:2,3"``, ``"head:3.5"``, ``"heads:3.5,3.7"``
+        (also ``L3H5``; ``*.5`` = head 5 of every layer).
+
+        A list of heads must form a product of layers and heads (``3.5,4.5`` is fine,
+        ``3.5,4.7`` is not: use two scopes).
+        """
+        if isinstance(text, Scope):
+            return text
+        if not isinstance(text, str):
+            raise InputError(f"scope must be a string such as 'layer:3'; got {type(text).__name__}")
+        spec = text.strip().lower().replace(" ", "")
+        if spec in ("all", ""):
+            return cls()
+        kind, _, rest = spec.partition(":")
+        items = [item for item in rest.split(",") if item]
+        if not items:
+            raise InputError(f"scope {text!r} names nothing after the colon; e.g. 'layer:3'")
+        if kind in ("layer", "layers"):
+            if not all(item.isdigit() for item in items):
+                raise InputError(f"scope {text!r}: layers must be integers, e.g. 'layers:2,3'")
+            return cls(layers=tuple(int(item) for item in items))
+        if kind in ("head", "heads"):
+            pairs = []
+            for item in items:
+                match = _HEAD.match(item)
+                if match is None:
+                    raise InputError(f"scope {text!r}: {item!r} is not a head; write "
+                                     "<layer>.<head> such as 3.5 (or L3H5, *.5)")
+                layer = None if match.group(1) == "*" else int(match.group(1))
+                pairs.append((layer, int(match.group(2))))
+            layer_set = {layer for layer, _ in pairs}
+            head_set = {head for _, head in pairs}
+            if None in layer_set and len(layer_set) > 1:
+                raise InputError(f"scope {text!r} mixes '*' with layer numbers")
+            if len(set(pairs)) != len(layer_set) * len(head_set):
+                raise InputError(f"scope {text!r} is not a product of layers and heads; split it "
+                                 "into one scope per layer")
+            layers = None if None in layer_set else tuple(layer_set)
+            return cls(layers=layers, heads=tuple(head_set))
+        raise InputError(f"scope {text!r}: use 'all', 'layer:3', 'layers:2,3', 'head:3.5' or "
+                         "'heads:3.5,3.7'")
+
+    def __str__(self) -> str:
+        if self.heads is None:
+            return "all" if self.layers is None else "layers:" + ",".join(map(str, self.layers))
+        layers = ["*"] if self.layers is None else [str(layer) for layer in self.layers]
+        return "heads:" + ",".join(f"{layer}.{head}" for layer in layers for head in self.heads)
+
+    def validate(self, model: nn.Module) -> Scope:
+        """Raise InputError when a layer or head is not in ``model``; return ``self``."""
+        n_layers, n_heads = attention_sizes(model)
+        for what, wanted, size in (("layers", self.layers, n_layers),
+                                   ("heads", self.heads, n_heads)):
+            bad = [i for i in wanted or () if size and i >= size]
+            if bad:
+                raise InputError(f"scope {self}: {what} {bad} out of range; "
+                                 f"{type(model).__name__} has {size} {what} (0..{size - 1})")
+        return self
+
+    def resolved_layers(self, model: nn.Module) -> tuple[int, ...]:
+        """The model layer indices in scope (all layers when ``layers`` is None)."""
+        return self.layers if self.layers is not None else tuple(range(attention_sizes(model)[0]))
+
+
+# ----------------------------------------------------------------------------- protocol
+class Intervention(Protocol):
+    """A parameter object with one verb (see the module docstring)."""
+
+    name: ClassVar[str]
+    target: ClassVar[Target]
+
+    def __call__(self, tensor: torch.Tensor, heads: Sequence[int] | None,
+                 generator: torch.Generator | None = None, *,
+                 layer: int | None = None) -> torch.Tensor: ...
+
+    def check(self, layers: Sequence[int], n_heads: int) -> None: ...
+
+
+INTERVENTIONS: Registry[type] = Registry("intervention")
+
+
+def make_intervention(name: str, **params: Any) -> Intervention:
+    """The intervention registered as ``name`` with ``params``; InputError on bad input.
+
+    Example:
+        >>> make_intervention("erase", k=2)
+        Erase(k=2, keys=None)
+    """
+    if name not in INTERVENTIONS:
+        raise InputError(one_of("intervention", name, INTERVENTIONS.names()))
+    cls = INTERVENTIONS.get(name)
+    accepted = [f.name for f in fields(cls)]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise InputError(f"intervention {name!r} takes {', '.join(accepted) or 'no parameters'}; "
+                         f"got {', '.join(unknown)}")
+    return cls(**params)
+
+
+def describe(intervention: Intervention) -> dict[str, Any]:
+    """JSON-friendly parameters (tensors as their shape), e.g. for a tidy ``params`` column."""
+    out: dict[str, Any] = {}
+    for f in fields(intervention):  # type: ignore[arg-type]
+        value = getattr(intervention, f.name)
+        if isinstance(value, torch.Tensor):
+            value = f"tensor{list(value.shape)}"
+        elif isinstance(value, Mapping):
+            value = f"{len(value)} layers"
+        out[f.name] = value
+    return out
+
+
+class _Base:
+    """Shared plumbing: head selection and putting edited heads back."""
+
+    target: ClassVar[Target] = "pattern"
+
+    def check(self, layers: Sequence[int], n_heads: int) -> None:
+        """Raise InputError when the intervention cannot act on these layers (before a forward)."""
+
+    def __call__(self, tensor: torch.Tensor, heads: Sequence[int] | None,
+                 generator: torch.Generator | None = None, *,
+                 layer: int | None = None) -> torch.Tensor:
+        if tensor.ndim != 4:
+            raise InputError(f"{self.name} expects [batch, head, query, key|d_head]; "  # type: ignore[attr-defined]
+                             f"got shape {tuple(tensor.shape)}")
+        index = _head_index(tensor.shape[1], heads, tensor.device)
+        sub = tensor.index_select(1, index)
+        new = self._edit(sub, index, generator, layer)
+        return tensor.index_copy(1, index, new.to(tensor.dtype))
+
+    def _edit(self, sub: torch.Tensor, index: torch.Tensor, generator: torch.Generator | None,
+              layer: int | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _head_index(n_heads: int, heads: Sequence[int] | None, device: torch.device) -> torch.Tensor:
+    if heads is None:
+        return torch.arange(n_heads, device=device)
+    bad = [h for h in heads if not 0 <= h < n_heads]
+    if bad or not len(heads):
+        raise InputError(f"heads {list(heads)} out of range: the layer has {n_heads} heads "
+                         f"(0..{n_heads - 1})")
+    return torch.tensor(sorted(set(heads)), dtype=torch.long, device=device)
+
+
+def _draw(kind: str, shape: torch.Size, generator: torch.Generator | None,
+          device: torch.device, **kw: Any) -> torch.Tensor:
+    """Random numbers on the generator's device (then moved), so draws do not depend on where
+    the model runs; without a generator, the global RNG on ``device``."""
+    where = generator.device if generator is not None else device
+    if kind == "rand":
+        out = torch.rand(shape, generator=generator, device=where, dtype=kw["dtype"])
+    else:  # gamma(concentration)
+        conc = torch.full(shape, kw["concentration"], dtype=kw["dtype"], device=where)
+        out = torch._standard_gamma(conc, generator=generator)
+    return out.to(device)
+
+
+def _renormalised(weights: torch.Tensor) -> torch.Tensor:
+    """Rows divided by their sum; rows with nothing left stay all zero."""
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 0, weights / total.clamp(min=torch.finfo(weights.dtype).tiny), 0.0)
+
+
+def _positive(name: str, value: Any, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 \
+            or value != value or value == float("inf"):
+        what = "a positive integer" if integer else "a positive finite number"
+        raise InputError(f"{name} must be {what}; got {value!r}")
+
+
+# ----------------------------------------------------------------------------- interventions
+@INTERVENTIONS.register("permute")
+@dataclass(frozen=True)
+class Permute(_Base):
+    """Jain & Wallace's permutation: each row's weights shuffled over its valid keys.
+
+    Every (batch, head, query) row gets its own random permutation; the multiset of weights
+    (hence the row sum) is unchanged. A uniform row is left bit-identical.
+    """
+
+    name: ClassVar[str] = "permute"
+
+    def _edit(self, sub, index, generator, layer):
+        valid = sub > 0
+        u = _draw("rand", sub.shape, generator, sub.device, dtype=torch.float32)
+        # valid keys in random order, then the others; and valid keys in index order, then others
+        shuffled = torch.where(valid, u, 2.0).argsort(-1)
+        ordered = (~valid).to(torch.int8).argsort(dim=-1, stable=True)
+        return torch.zeros_like(sub).scatter(-1, ordered, sub.gather(-1, shuffled))
+
+
+@INTERVENTIONS.register("uniform")
+@dataclass(frozen=True)
+class Uniform(_Base):
+    """Kovaleva's head disabling / Wiegreffe & Pinter's baseline: ``1/n`` on the ``n`` valid
+    keys of each row (``1/(i+1)`` in row ``i`` of a causal model)."""
+
+    name: ClassVar[str] = "uniform"
+
+    def _edit(self, sub, index, generator, layer):
+        valid = sub > 0
+        return valid.to(sub.dtype) / valid.sum(-1, keepdim=True).clamp(min=1).to(sub.dtype)
+
+
+@INTERVENTIONS.register("zero")
+@dataclass(frozen=True)
+class Zero(_Base):
+    """Michel et al.'s head ablation: all weights 0, so the head's output is exactly 0
+    (its rows sum to 0, not 1)."""
+
+    name: ClassVar[str] = "zero"
+
+    def _edit(self, sub, index, generator, layer):
+        return torch.zeros_like(sub)
+
+
+@INTERVENTIONS.register("erase")
+@dataclass(frozen=True, eq=False)
+class Erase(_Base):
+    """Serrano & Smith's erasure: the ``k`` largest weights of each row set to 0 and the row
+    renormalised over the remaining valid keys.
+
+    ``keys`` instead erases given key positions (e.g. ranked by gradient): a 1-D integer tensor
+    of positions erased in every row, or a bool tensor broadcastable to
+    ``[batch, head, query, key]`` (head axis: 1 or the layer's head count; True = erase).
+    A row left with no valid key (e.g. row 0 of a causal model, ``k >= n``) becomes all zero:
+    the head contributes nothing at that query.
+    """
+
+    k: int = 1
+    keys: torch.Tensor | None = None
+    name: ClassVar[str] = "erase"
+
+    def __post_init__(self) -> None:
+        _positive("erase k", self.k, integer=True)
+        if self.keys is not None:
+            if not isinstance(self.keys, torch.Tensor):
+                raise InputError(f"erase keys must be a tensor; got {type(self.keys).__name__}")
+            keys = self.keys
+            if keys.dtype != torch.bool and (keys.ndim != 1 or keys.is_floating_point()
+                                             or keys.is_complex() or bool((keys < 0).any())):
+                raise InputError("erase keys must be a 1-D tensor of non-negative key positions "
+                                 "or a bool mask broadcastable to [batch, head, query, key]")
+
+    def _mask(self, sub: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if self.keys is None:
+            k = min(self.k, sub.shape[-1])
+            top = sub.topk(k, dim=-1).indices
+            return torch.zeros_like(sub, dtype=torch.bool).scatter(-1, top, True)
+        keys = self.keys.to(sub.device)
+        if keys.dtype != torch.bool:
+            if keys.numel() and int(keys.max()) >= sub.shape[-1]:
+                raise InputError(f"erase keys {keys.tolist()} out of range: rows have "
+                                 f"{sub.shape[-1]} keys")
+            return torch.zeros(sub.shape[-1], dtype=torch.bool, device=sub.device) \
+                .index_fill(0, keys, True).expand_as(sub)
+        while keys.ndim < 4:
+            keys = keys[None]
+        if keys.shape[1] != 1:
+            if keys.shape[1] <= int(index.max()):
+                raise InputError(f"erase keys mask has {keys.shape[1]} heads; give 1 or all "
+                                 "of the layer's heads")
+            keys = keys.index_select(1, index)
+        try:
+            return keys.expand_as(sub)
+        except RuntimeError:
+            raise InputError(f"erase keys mask of shape {tuple(self.keys.shape)} does not "
+                             f"broadcast to [batch, head, query, key] {tuple(sub.shape)}") from None
+
+    def _edit(self, sub, index, generator, layer):
+        return _renormalised(sub.masked_fill(self._mask(sub, index), 0.0))
+
+
+@INTERVENTIONS.register("dirichlet")
+@dataclass(frozen=True)
+class Dirichlet(_Base):
+    """A random re-draw of each row from Dirichlet(``alpha``) over its valid keys
+    (Wiegreffe & Pinter's random baseline; ``alpha=1`` is uniform on the simplex).
+
+    Drawn in log space, ``log G(α+1) + log(U)/α`` (exact for every α > 0, and stable for small
+    α where a direct Gamma(α) draw underflows to 0).
+    """
+
+    alpha: float = 1.0
+    name: ClassVar[str] = "dirichlet"
+
+    def __post_init__(self) -> None:
+        _positive("dirichlet alpha", self.alpha)
+
+    def _edit(self, sub, index, generator, layer):
+        valid = sub > 0
+        gamma = _draw("gamma", sub.shape, generator, sub.device, dtype=torch.float64,
+                      concentration=float(self.alpha) + 1.0)
+        u = 1.0 - _draw("rand", sub.shape, generator, sub.device, dtype=torch.float64)
+        log_x = (gamma.log() + u.log() / self.alpha).masked_fill(~valid, float("-inf"))
+        drawn = torch.softmax(log_x, dim=-1)
+        return torch.where(valid.any(-1, keepdim=True), drawn, 0.0).to(sub.dtype)
+
+
+@INTERVENTIONS.register("mean")
+@dataclass(frozen=True, eq=False)
+class Mean(_Base):
+    """Mean-ablation (TransformerLens convention): each head's output replaced by a reference
+    mean output, ``means[layer][head]`` (``[head, d_head]`` per layer), at every query.
+
+    Acts on per-head outputs (``target = "output"``), so it needs transformers' attention
+    function (``capture(edit_output=...)``); compute ``means`` with
+    :func:`attnprobe.perturb.context.head_output_means`.
+    """
+
+    means: Mapping[int, torch.Tensor] = field(default_factory=dict)
+    name: ClassVar[str] = "mean"
+    target: ClassVar[Target] = "output"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.means, Mapping) or not self.means:
+            raise InputError("mean ablation needs means={layer: Tensor[head, d_head]}; compute "
+                             "them with attnprobe.perturb.context.head_output_means")
+        for layer, value in self.means.items():
+            if not isinstance(value, torch.Tensor) or value.ndim != 2:
+                raise InputError(f"means[{layer}] must be a [head, d_head] tensor")
+            if not torch.isfinite(value).all():
+                raise InputError(f"means[{layer}] holds NaN or inf")
+
+    def check(self, layers: Sequence[int], n_heads: int) -> None:
+        missing = [layer for layer in layers if layer not in self.means]
+        if missing:
+            raise InputError(f"mean ablation has no means for layers {missing} "
+                             f"(it has {sorted(self.means)})")
+        bad = [layer for layer in layers if n_heads and self.means[layer].shape[0] != n_heads]
+        if bad:
+            raise InputError(f"means of layers {bad} do not have {n_heads} heads")
+
+    def _edit(self, sub, index, generator, layer):
+        if layer is None or layer not in self.means:
+            raise InputError(f"mean ablation has no means for layer {layer} "
+                             f"(it has {sorted(self.means)})")
+        mean = self.means[layer]
+        if mean.shape[1] != sub.shape[-1] or int(index.max()) >= mean.shape[0]:
+            raise InputError(f"means[{layer}] has shape {tuple(mean.shape)}; it needs heads "
+                             f"{index.tolist()} and d_head {sub.shape[-1]}")
+        picked = mean.to(sub.device, sub.dtype).index_select(0, index)  # [head, d]
+        return picked[None, :, None, :].expand_as(sub).contiguous()

@@ -1,0 +1,98 @@
+"""Training and scoring sequence classifiers on key-token tasks (``attnprobe.tasks.keytoken``).
+
+The model is any ``forward(input_ids, attention_mask) -> logits [batch, classes]`` module
+(e.g. :mod:`attnprobe.models.classifier`); the tokenizer any callable returning
+``input_ids``/``attention_mask`` (``WordTokenizer`` or a HuggingFace tokenizer).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnprobe.errors import InputError
+from attnprobe.tasks.keytoken import KeyTokenData
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids, attention_mask)`` ``[n, seq]`` of ``texts``."""
+    batch = tokenizer(list(texts), padding=True, return_tensors="pt")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def _rows(ids: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``index`` of right-padded ids/mask, cut to their longest real length."""
+    mask = mask[index]
+    width = int(mask.sum(1).max())
+    return ids[index, :width], mask[:, :width]
+
+
+def accuracy(model: nn.Module, tokenizer: Any, data: KeyTokenData, *,
+             batch_size: int = 256) -> float:
+    """Fraction of ``data`` whose argmax logit equals the label (no gradients, eval mode)."""
+    ids, mask = encode_texts(tokenizer, data.texts)
+    was_training = model.training
+    model.eval()
+    hits = 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(data), batch_size):
+                index = torch.arange(start, min(start + batch_size, len(data)))
+                logits = model(*_rows(ids, mask, index))
+                hits += int((logits.argmax(-1) == data.labels[index]).sum())
+    finally:
+        model.train(was_training)
+    return hits / len(data)
+
+
+def train_classifier(model: nn.Module, tokenizer: Any, data: KeyTokenData, *,
+                     steps: int, batch_size: int = 32, lr: float = 1e-2, seed: int = 0,
+                     held_out: KeyTokenData | None = None, clip: float = 1.0) -> dict[str, Any]:
+    """Adam on cross-entropy over minibatches of ``data``, then accuracy.
+
+    Deterministic: minibatches are drawn (without replacement within an epoch) by a
+    ``torch.Generator`` seeded with ``seed``; the global RNG is forked, so the caller's is
+    untouched. Gradients are clipped to norm ``clip``. The model is left in eval mode.
+
+    Returns:
+        ``{"train_accuracy", "held_out_accuracy" (None without ``held_out``), "final_loss"
+        (mean of the last 10 steps), "steps", "seconds"}``.
+    """
+    if steps < 1 or batch_size < 1 or lr <= 0:
+        raise InputError(f"need steps >= 1, batch_size >= 1 and lr > 0; got {steps}, "
+                         f"{batch_size}, {lr}")
+    ids, mask = encode_texts(tokenizer, data.texts)
+    labels = data.labels
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    losses: list[float] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # any dropout inside the model
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        model.train()
+        order = torch.randperm(len(data), generator=gen)
+        cursor = 0
+        for _ in range(steps):
+            if cursor + batch_size > len(data):
+                order, cursor = torch.randperm(len(data), generator=gen), 0
+            index = order[cursor: cursor + batch_size]
+            cursor += batch_size
+            logits = model(*_rows(ids, mask, index))
+            loss = F.cross_entropy(logits, labels[index])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            losses.append(loss.item())
+    model.eval()
+    seconds = time.perf_counter() - start
+    tail = losses[-10:]
+    return {"train_accuracy": accuracy(model, tokenizer, data),
+            "held_out_accuracy": None if held_out is None else accuracy(model, tokenizer,
+                                                                        held_out),
+            "final_loss": sum(tail) / len(tail), "steps": steps, "seconds": seconds}
