@@ -40,6 +40,7 @@ __all__ = [
     "ModelNotFoundError",
     "TokenAttribution",
     "attribution",
+    "perturb",
     "capture",
     "count_hooks",
     "extract",
@@ -58,8 +59,8 @@ def __getattr__(name: str):
         from attnprobe import extraction
 
         return getattr(extraction, name)
-    if name == "attribution":
+    if name in ("attribution", "perturb"):
         import importlib
 
-        return importlib.import_module("attnprobe.attribution")
+        return importlib.import_module(f"attnprobe.{name}")
     raise AttributeError(f"module 'attnprobe' has no attribute {name!r}")

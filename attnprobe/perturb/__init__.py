@@ -8,3 +8,46 @@ the model and verifies it took effect), ``measures`` (output and attention chang
 (Michel et al.'s head importance and the pruning curve) and ``run`` (the experiments as tidy
 tables).
 """
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "run": "run",
+    "EXPERIMENTS": "run",
+    "Scope": "interventions",
+    "INTERVENTIONS": "interventions",
+    "make_intervention": "interventions",
+    "describe": "interventions",
+    "Permute": "interventions",
+    "Uniform": "interventions",
+    "Zero": "interventions",
+    "Erase": "interventions",
+    "Dirichlet": "interventions",
+    "Mean": "interventions",
+    "attention_sizes": "interventions",
+    "perturbed": "context",
+    "head_output_means": "context",
+    "tvd": "measures",
+    "jsd": "measures",
+    "decision_flip": "measures",
+    "cosine_distance": "measures",
+    "logit_change": "measures",
+    "prob_change": "measures",
+    "attention_jsd": "measures",
+    "output_change": "measures",
+    "adversarial_attention": "adversarial",
+    "AdversarialResult": "adversarial",
+    "head_importance": "importance",
+    "pruning_curve": "importance",
+    "similarity_loss": "importance",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"attnprobe.perturb.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'attnprobe.perturb' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)
