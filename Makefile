@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/attnprobe extract --model minilm --text-file analyses/data/demo_sentences.txt \
 		--out runs/demo/maps.npz --show 80
+	$(VENV)/bin/attnprobe heads --model minilm --text-file analyses/data/census_sentences.txt \
+		--out runs/demo/heads.csv --profile runs/demo/layers.csv --quiet
 
 test: setup
 	$(PY) -m pytest -q
@@ -24,3 +26,7 @@ lint: setup
 
 bench: setup
 	$(PY) analyses/bench_capture.py
+	$(PY) analyses/bench_census.py
+	$(PY) analyses/bench_attribution.py
+	$(PY) analyses/bench_perturb.py
+	$(PY) analyses/bench_flow.py
