@@ -10,9 +10,9 @@ Contenders, measured side by side on the same map in the same process (interleav
 networkx, ours, ...; networkx takes ~30 s per pair at 128 tokens, so it runs in the first
 ``networkx_repeats`` rounds only, ours in all ``repeats``):
 
-- **ours**: :func:`attnprobe.attribution.views.flow`'s internals — one CSR graph of integer
-  capacities (``FLOW_SCALE``) built per example, one ``scipy.sparse.csgraph.maximum_flow``
-  (Dinic) per input node.
+- **ours**: :func:`attnprobe.attribution.attention_flow.flow`'s internals — one CSR graph of
+  integer capacities (``FLOW_SCALE``) built per example, one
+  ``scipy.sparse.csgraph.maximum_flow`` (Dinic) per input node.
 - **networkx**: Abnar & Zuidema's ``attention_graph_util.py`` construction — a ``DiGraph``
   from the dense ``(L+1)·n`` adjacency matrix with float capacities, then
   ``networkx.maximum_flow_value(G, source, v, flow_func=edmonds_karp)`` per input node.
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 import attnprobe
-from attnprobe.attribution import views
+from attnprobe.attribution import attention_flow, view_common, views
 from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data" / "census_sentences.txt"
@@ -96,8 +96,8 @@ def _ours(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarray, f
     from scipy.sparse.csgraph import maximum_flow
 
     start = time.perf_counter()
-    aug = views._augmented(amap, residual=True, head_reduce="mean")
-    graph = views._flow_graph(aug)
+    aug = view_common._augmented(amap, residual=True, head_reduce="mean")
+    graph = attention_flow._flow_graph(aug)
     n = amap.shape[-1]
     source = aug.shape[0] * n  # node (last layer, row 0)
     values = [maximum_flow(graph, source, v).flow_value for v in sinks]

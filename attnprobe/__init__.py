@@ -40,7 +40,6 @@ __all__ = [
     "ModelNotFoundError",
     "TokenAttribution",
     "attribution",
-    "perturb",
     "capture",
     "count_hooks",
     "extract",
@@ -49,6 +48,7 @@ __all__ = [
     "heads",
     "load_maps",
     "load_model",
+    "perturb",
     "save_maps",
 ]
 

@@ -2,9 +2,11 @@
 the agreement between them.
 
 Modules: ``targets`` (what is explained: a class, a logit, a similarity, a next token),
-``methods`` (gradient and perturbation attributions), ``views`` (importance read off the
-attention: raw rows, rollout, flow, attention × gradient, norms), ``metrics`` (rank and
-distribution agreement) and ``compare`` (all of it over a corpus, as tidy tables).
+``methods`` (gradient attributions and the entry point; ``method_base`` holds the shared pieces,
+``perturbation_methods`` leave-one-out and occlusion), ``views`` (importance read off the
+attention: raw rows, rollout; ``attention_flow`` flow, ``model_views`` attention × gradient and
+norms; ``view_common`` the shared helpers), ``metrics`` (rank and distribution agreement) and
+``compare`` (all of it over a corpus, as tidy tables).
 Captum and transformers are imported when a function needs them.
 """
 
@@ -22,17 +24,17 @@ _LAZY = {
     "Saliency": "methods",
     "InputXGradient": "methods",
     "GradientShap": "methods",
-    "LeaveOneOut": "methods",
-    "Occlusion": "methods",
+    "LeaveOneOut": "perturbation_methods",
+    "Occlusion": "perturbation_methods",
     "parse_target": "targets",
     "Target": "targets",
     "TARGET_KINDS": "targets",
     "raw": "views",
     "rollout": "views",
-    "flow": "views",
-    "attention_x_gradient": "views",
-    "norm_based": "views",
-    "norm_importance": "views",
+    "flow": "attention_flow",
+    "attention_x_gradient": "model_views",
+    "norm_based": "model_views",
+    "norm_importance": "model_views",
     "attention_importance": "views",
     "VIEWS": "views",
     "agreement": "metrics",

@@ -81,9 +81,26 @@ def _summarise(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _special_tokens(tokenizer: Any) -> set[str]:
-    ids = list(getattr(tokenizer, "all_special_ids", []) or [])
+    """Special tokens left out of the metrics; the unk token is not one of them (it stands for
+    a real word, and the attribution methods score it as one)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = [i for i in (getattr(tokenizer, "all_special_ids", []) or []) if i != unk]
     tokens = tokenizer.convert_ids_to_tokens(ids) if ids else []
     return set(tokens if isinstance(tokens, list) else [tokens])
+
+
+def _fixed(target: Any, spec: str, model: nn.Module, tokenizer: Any) -> Any:
+    """The target the attention views explain for one text: the one the methods fixed there
+    (``next-token`` -> ``next-token:ID``), so attention × gradient follows the same token and
+    names it; ready targets as they are."""
+    from attnprobe.attribution.targets import parse_target
+
+    if target.ready:
+        return target
+    try:
+        return parse_target(spec, model, tokenizer)
+    except InputError:  # a custom target whose fixed spec is no parseable spec
+        return target
 
 
 def _truth_mask(truth: Sequence[bool] | torch.Tensor, tokens: tuple[str, ...],
@@ -130,7 +147,8 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         truth: per text, which tokens decide the output (over all tokens, or over the
             non-special ones); adds precision@k, mass and AUROC per source.
         k: top-k size for the overlap metric (default 20 % of the compared tokens).
-        drop_special: leave special tokens ([CLS], [SEP], BOS ...) out of every metric.
+        drop_special: leave special tokens ([CLS], [SEP], BOS ...) out of every metric
+            (``[UNK]`` stays in: it stands for a word of the text).
 
     Attribution scores are compared by magnitude (``|score|``, as Jain & Wallace and Abnar &
     Zuidema do); :attr:`Comparison.attributions` holds those magnitudes. For signed scores
@@ -172,7 +190,8 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     for i in indices:
         example = str(i)
         found = by_example.get(example, [])
-        seen = attention_importance(model, tokenizer, texts[i], target, views=views,
+        fixed = _fixed(target, found[0].target, model, tokenizer)
+        seen = attention_importance(model, tokenizer, texts[i], fixed, views=views,
                                     layers=layers, query=query) if views else []
         seen = [TokenAttribution(v.scores, v.tokens, v.method, v.target, example)
                 for v in seen]
@@ -200,4 +219,6 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
                                        value))
     table = pd.DataFrame(agreement_rows, columns=list(AGREEMENT_COLUMNS))
     truth_table = pd.DataFrame(truth_rows, columns=list(TRUTH_COLUMNS))
+    for frame in (table, truth_table):  # model layer index; <NA> for methods and attn_x_grad
+        frame["layer"] = frame["layer"].astype("Int64")
     return Comparison(table, truth_table, kept)

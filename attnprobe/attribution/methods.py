@@ -35,24 +35,28 @@ fall back to plain gradients, so its scores break completeness (see the tests).
 A new method is a frozen dataclass with a ``name``, a ``cost(n_tokens)`` (token-forwards
 per text, for the budget check) and one verb, ``explain(problem) -> Explanation``, registered
 in :data:`METHODS`; :func:`attribute` builds it from the shared options it has fields for.
+Those shared pieces live in :mod:`attnprobe.attribution.method_base`, the perturbation methods
+in :mod:`attnprobe.attribution.perturbation_methods`; all are importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar, NamedTuple, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnprobe._optional import require
+from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem, _positive
+from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.errors import HookNotFiredError, InputError
+from attnprobe.errors import InputError
 from attnprobe.extraction import check_texts, encode
-from attnprobe.registry import Registry, one_of
+from attnprobe.registry import one_of
 from attnprobe.types import TokenAttribution
 
 __all__ = [
@@ -78,133 +82,6 @@ DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "grad
 # length) through the model per forward: all 50 steps of a 160-token text in one pass.
 PASS_TOKENS = 8192
 DEFAULT_BUDGET = 1_000_000
-
-
-class Explanation(NamedTuple):
-    """Scores ``[token]`` of one text and the method's convergence error (or None)."""
-
-    scores: torch.Tensor
-    delta: float | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Problem:
-    """One text to explain: the model, its inputs, the fixed target and shared facts.
-
-    Attributes:
-        inputs: ``input_ids`` and ``attention_mask`` ``[1, seq]`` on the model's device.
-        target: the target, already fixed on the unperturbed input.
-        value: the target on the unperturbed input.
-        special: bool ``[seq]``, True for special tokens ([CLS], [SEP], BOS ...).
-        pad_id: baseline token id; ``unk_id``: occlusion token id (either may be None).
-        embedding: the input embedding layer, or None when it could not be resolved (only the
-            gradient methods need it; they raise then).
-    """
-
-    model: nn.Module
-    inputs: dict[str, torch.Tensor]
-    target: Target
-    value: float
-    special: torch.Tensor
-    pad_id: int | None
-    unk_id: int | None
-    embedding: nn.Module | None
-    seed: int = 0
-    batch_size: int = 8
-
-    @property
-    def ids(self) -> torch.Tensor:
-        return self.inputs["input_ids"]  # [1, seq]
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.ids.shape[1])
-
-    def forward(self, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The target of the model on ``input_ids`` ``[batch, seq]`` -> ``[batch]``."""
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        output = self.model(input_ids=input_ids, attention_mask=attention_mask)
-        return self.target(output, {"input_ids": input_ids, "attention_mask": attention_mask})
-
-    def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The target on many unpadded variants ``[n, seq']``, ``batch_size`` rows per
-        forward, without gradient -> ``[n]``."""
-        values = []
-        with torch.no_grad():
-            for start in range(0, input_ids.shape[0], self.batch_size):
-                values.append(self.forward(input_ids[start:start + self.batch_size]).detach())
-        return torch.cat(values) if values else torch.zeros(0, device=input_ids.device)
-
-    def layer(self) -> nn.Module:
-        if self.embedding is None:
-            raise InputError(f"no input embedding layer found in {type(self.model).__name__}:"
-                             " pass embedding= (the module or its path)")
-        return self.embedding
-
-    def baseline_ids(self) -> torch.Tensor:
-        """The input with every non-special token replaced by the pad token, ``[1, seq]``."""
-        if self.pad_id is None:
-            raise InputError("the tokenizer has no pad (or unk) token for the baseline: set "
-                             "tokenizer.pad_token")
-        return torch.where(self.special.unsqueeze(0), self.ids,
-                           torch.full_like(self.ids, self.pad_id))
-
-    def embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """What the embedding layer outputs during the forward on ``input_ids``."""
-        seen: list[torch.Tensor] = []
-        handle = self.layer().register_forward_hook(lambda _m, _i, out: seen.append(out))
-        try:
-            with torch.no_grad():
-                self.forward(input_ids)
-        finally:
-            handle.remove()
-        if not seen:
-            raise HookNotFiredError(f"embedding layer {type(self.embedding).__name__} was not "
-                                    "called by the forward: pass embedding=")
-        return seen[0].detach()
-
-    def forward_from_embeddings(self, embeds: torch.Tensor,
-                                attention_mask: torch.Tensor) -> torch.Tensor:
-        """The target when the embedding layer outputs ``embeds`` ``[batch, seq, d]``."""
-        ids = self.ids.expand(embeds.shape[0], -1)
-        fired = []
-
-        def replace(_module: nn.Module, _inputs: Any, out: torch.Tensor) -> torch.Tensor:
-            fired.append(True)
-            return embeds.to(out.dtype)
-
-        handle = self.layer().register_forward_hook(replace)
-        try:
-            value = self.forward(ids, attention_mask)
-        finally:
-            handle.remove()
-        if not fired:
-            raise HookNotFiredError(f"embedding layer {type(self.embedding).__name__} was not "
-                                    "called by the forward: pass embedding=")
-        return value
-
-
-class Method(Protocol):
-    """An attribution method: parameters as fields, a name and one verb."""
-
-    name: ClassVar[str]
-    knob: ClassVar[str | None]  # the parameter to lower when a text is over budget
-
-    def cost(self, n_tokens: int) -> int: ...
-
-    def explain(self, problem: Problem) -> Explanation: ...
-
-
-METHODS: Registry[type] = Registry("attribution method")
-
-
-def _positive(owner: str, **values: int | None) -> None:
-    for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise InputError(f"{owner}: {name} must be a positive integer; got {value!r}")
 
 
 # ---------------------------------------------------------------------------- gradients
@@ -333,85 +210,6 @@ class GradientShap:
                                  stdevs=self.stdevs,
                                  additional_forward_args=(problem.inputs["attention_mask"],))
         return Explanation(out.sum(-1)[0])
-
-
-# ---------------------------------------------------------------------------- perturbation
-def _editable(problem: Problem, method: str) -> list[int]:
-    positions = (~problem.special).nonzero().flatten().tolist()
-    if not positions:
-        raise InputError(f"{method}: the text has only special tokens")
-    return positions
-
-
-@METHODS.register("leave_one_out")
-@dataclass(frozen=True)
-class LeaveOneOut:
-    """``f(x) − f(x without token i)``, all deletions of a text batched.
-
-    Args:
-        batch_size: perturbed copies per forward.
-    """
-
-    name: ClassVar[str] = "leave_one_out"
-    knob: ClassVar[str | None] = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        _positive(self.name, batch_size=self.batch_size)
-
-    def cost(self, n_tokens: int) -> int:
-        return n_tokens * (n_tokens - 1)
-
-    def explain(self, problem: Problem) -> Explanation:
-        positions = _editable(problem, self.name)
-        ids = problem.ids[0]
-        n = len(ids)
-        if n < 2:
-            raise InputError(f"{self.name}: a one-token text leaves nothing to run")
-        keep = torch.ones(len(positions), n, dtype=torch.bool, device=ids.device)
-        keep[torch.arange(len(positions)), positions] = False
-        variants = ids.expand(len(positions), -1)[keep].view(len(positions), n - 1)
-        values = _with_batch(problem, self.batch_size).evaluate(variants)
-        scores = torch.zeros(n, dtype=values.dtype, device=values.device)
-        scores[positions] = problem.value - values
-        return Explanation(scores)
-
-
-@METHODS.register("occlusion")
-@dataclass(frozen=True)
-class Occlusion:
-    """``f(x) − f(x with token i replaced by [UNK])`` (pad when there is no unk), batched.
-
-    Args:
-        batch_size: perturbed copies per forward.
-    """
-
-    name: ClassVar[str] = "occlusion"
-    knob: ClassVar[str | None] = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        _positive(self.name, batch_size=self.batch_size)
-
-    def cost(self, n_tokens: int) -> int:
-        return n_tokens * n_tokens
-
-    def explain(self, problem: Problem) -> Explanation:
-        positions = _editable(problem, self.name)
-        fill = problem.unk_id if problem.unk_id is not None else problem.pad_id
-        if fill is None:
-            raise InputError("occlusion: the tokenizer has neither an unk nor a pad token")
-        ids = problem.ids[0]
-        variants = ids.repeat(len(positions), 1)  # [k, seq]
-        variants[torch.arange(len(positions)), positions] = fill
-        values = _with_batch(problem, self.batch_size).evaluate(variants)
-        scores = torch.zeros(len(ids), dtype=values.dtype, device=values.device)
-        scores[positions] = problem.value - values
-        return Explanation(scores)
-
-
-def _with_batch(problem: Problem, batch_size: int) -> Problem:
-    return replace(problem, batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnprobe.attribution import views
+from attnprobe.attribution import attention_flow, view_common, views
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap, ModelInfo
 
@@ -82,7 +82,8 @@ def test_flow_rows_sum_to_one_and_mean_max_combine_every_row():
 
 def test_capacities_fit_scipys_int32():
     amap = make_map(torch.eye(4).expand(2, 1, 4, 4).clone())  # weights of exactly 1
-    graph = views._flow_graph(views._augmented(amap, residual=True, head_reduce="mean"))
+    graph = attention_flow._flow_graph(
+        view_common._augmented(amap, residual=True, head_reduce="mean"))
     assert graph.dtype == np.int32 and graph.data.max() == views.FLOW_SCALE < 2**31 - 1
     assert torch.allclose(views.flow(amap, layer=1, query=2),
                           torch.eye(4, dtype=torch.float64)[2])

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import attnprobe as ap
-from attnprobe.attribution import views
+from attnprobe.attribution import model_views, views
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap, ModelInfo
 from tests.conftest import track
@@ -221,7 +221,7 @@ def test_norm_vectors_rebuild_the_output_projection(family, tokenizer):
             model(input_ids=inputs["input_ids"])
     finally:
         handle.remove()
-    parts, tokens = views._norm_parts(model, tokenizer, TEXT, [1])
+    parts, tokens = model_views._norm_parts(model, tokenizer, TEXT, [1])
     alpha, f = parts[1]
     bias = model.get_submodule(path).bias
     rebuilt = torch.einsum("hqk,hko->qo", alpha, f)

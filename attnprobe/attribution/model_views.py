@@ -1,0 +1,253 @@
+"""Token importance that runs the model: attention × gradient and norm-based attention.
+
+- :func:`attention_x_gradient` — Chefer, Gur & Wolf (2021) generic rule:
+  ``Ā_l = mean_h[(∂y/∂A_l ⊙ A_l)^+]``, ``R ← R + Ā_l·R`` from ``R = I``.
+- :func:`norm_based` / :func:`norm_importance` — Kobayashi et al. (2020): ``‖α_ij f(x_j)‖`` with
+  ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``.
+
+The query spec is described in :mod:`attnprobe.attribution.views`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnprobe.attribution.view_common import Query, Target, _read_query
+from attnprobe.capture import capture
+from attnprobe.capture.sites import Site
+from attnprobe.errors import InputError
+from attnprobe.extraction import _model_inputs, check_texts, encode
+
+__all__ = ["NORM_FAMILIES", "attention_x_gradient", "norm_based", "norm_importance"]
+
+# model_type -> family whose output projection norm_based knows how to slice
+NORM_FAMILIES = {
+    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert",
+    "gpt2": "gpt2",
+    "llama": "llama", "mistral": "llama", "qwen2": "llama",
+}
+
+
+def _one_text(text: str) -> list[str]:
+    if not isinstance(text, str):
+        raise InputError(f"text must be one string; got {type(text).__name__}")
+    return check_texts([text])
+
+
+def _self_sites(sites: Sequence[Site]) -> list[Site]:
+    """Self-attention sites of the first stack (the encoder of encoder-decoder models), by
+    layer."""
+    own = [s for s in sites if s.kind == "self"]
+    if not own:
+        raise InputError("the model has no self-attention site to read")
+    stack = min(own, key=lambda s: (s.side != "main", s.layer)).stack
+    return sorted((s for s in own if s.stack == stack), key=lambda s: s.layer)
+
+
+def _target_name(target: Any) -> str:
+    return str(getattr(target, "spec", "custom"))
+
+
+def _require_grad_on_embeddings(model: nn.Module, stack: ExitStack) -> None:
+    """A frozen model (no parameter requires grad) still needs a graph through the attention:
+    make the input embeddings require grad for this call (hook removed by ``stack``)."""
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    getter = getattr(model, "get_input_embeddings", None)
+    embeddings = getter() if callable(getter) else None
+    if not isinstance(embeddings, nn.Module):
+        return
+
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.detach().requires_grad_(True)
+
+    stack.callback(embeddings.register_forward_hook(hook).remove)
+
+
+def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
+                        target: Target) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """Chefer's relevance matrix ``R`` ``[query, key]`` (float64) and the tokens."""
+    texts = _one_text(text)
+    if not callable(target):
+        raise InputError(f"target must be callable (output, inputs) -> Tensor[batch]; got "
+                         f"{type(target).__name__}")
+    if torch.is_inference_mode_enabled():
+        raise InputError("attention × gradient needs gradients; call it outside "
+                         "torch.inference_mode()")
+    batch = encode(model, tokenizer, texts)
+    inputs = _model_inputs(model, batch)
+    with torch.enable_grad():
+        with ExitStack() as stack:
+            _require_grad_on_embeddings(model, stack)
+            cap = stack.enter_context(capture(model, keep=False, live=True))
+            output = model(**inputs)
+        fixed = getattr(target, "fixed", None)
+        if callable(fixed):  # e.g. next-token: pick the token from this forward, then score
+            target = fixed(output, inputs)
+        score = target(output, inputs)
+        if not isinstance(score, torch.Tensor) or score.numel() != 1:
+            raise InputError(f"target {_target_name(target)!r} must return one value for the "
+                             f"one text; got {getattr(score, 'shape', type(score).__name__)}")
+        if not cap.live:
+            raise InputError("no attention was captured during the forward")
+        sites = _self_sites(list(cap.live[0]))
+        patterns = [cap.live[0][s] for s in sites]
+        if not score.requires_grad or not any(p.requires_grad for p in patterns):
+            raise InputError(f"no gradient reaches the attention from target "
+                             f"{_target_name(target)!r} (detached output, or weights without "
+                             "autograd support)")
+        grads = torch.autograd.grad(score.sum(), patterns, allow_unused=True)
+    n = patterns[0].shape[-1]
+    if any(p.shape[-2] != p.shape[-1] for p in patterns):  # e.g. a single learned query
+        raise InputError("attention × gradient rolls relevance through square token-to-token "
+                         "self-attention; this model's attention has "
+                         f"{patterns[0].shape[-2]} query row(s) over {n} keys (use the raw view)")
+    relevance = torch.eye(n, dtype=torch.float64)
+    for pattern, grad in zip(patterns, grads, strict=True):
+        if grad is None:  # this layer does not influence the target
+            continue
+        a = pattern.detach()[0].to("cpu", torch.float64)
+        g = grad[0].to("cpu", torch.float64)
+        cam = (g * a).clamp(min=0).mean(0)  # [query, key]
+        relevance = relevance + cam @ relevance
+    if not torch.isfinite(relevance).all():
+        raise InputError(f"attention × gradient for target {_target_name(target)!r} is not "
+                         "finite (NaN or inf gradients)")
+    ids = batch["input_ids"][0].tolist()
+    tokens = tuple(tokenizer.convert_ids_to_tokens(ids)) \
+        if hasattr(tokenizer, "convert_ids_to_tokens") else tuple(str(i) for i in ids)
+    return relevance, tokens
+
+
+def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
+                         query: Query = "cls") -> torch.Tensor:
+    """Gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, generic rule).
+
+    For every self-attention layer in order, ``Ā_l = mean_h[(∂y/∂A_l ⊙ A_l)^+]`` with ``y`` the
+    target, and ``R ← R + Ā_l·R`` starting from ``R = I``; the importance is row ``query`` of
+    ``R``. The gradients come from :func:`attnprobe.capture` (``live=True``) and
+    ``torch.autograd.grad`` (so no parameter's ``.grad`` is touched). A model with every
+    parameter frozen works too (the input embeddings are made to require grad for the call).
+
+    Args:
+        text: one input text.
+        target: ``(output, inputs) -> Tensor[batch]``, the value explained (e.g. a class logit);
+            its ``.spec`` (if any) names it.
+        query: which row of ``R`` to read.
+
+    Returns:
+        ``[key]`` float64 (``R`` includes the identity, so the query's own token has >= 1).
+
+    Raises:
+        InputError: inside ``torch.inference_mode()``, or when no gradient reaches the attention.
+    """
+    relevance, _ = _attn_x_grad_matrix(model, tokenizer, text, target)
+    return _read_query(relevance, query)
+
+
+def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
+    """The attention output projection of a site: its weight and whether it is stored
+    ``[in, out]`` (GPT-2's Conv1D) rather than ``[out, in]`` (``nn.Linear``)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = NORM_FAMILIES.get(model_type)
+    supported = ", ".join(sorted(NORM_FAMILIES))
+    if family is None:
+        raise InputError(f"norm-based importance needs the attention output projection, which "
+                         f"attnprobe resolves for model types {supported}; got "
+                         f"{model_type or type(model).__name__}")
+    path = {"bert": site.path.rsplit(".", 1)[0] + ".output.dense",
+            "gpt2": site.path + ".c_proj", "llama": site.path + ".o_proj"}[family]
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        module = None
+    weight = getattr(module, "weight", None)
+    conv = type(module).__name__ == "Conv1D"
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 \
+            or not (isinstance(module, nn.Linear) or conv):
+        raise InputError(f"expected the {family} attention output projection at {path!r} "
+                         f"(model type {model_type}); not found")
+    return weight, conv
+
+
+def _norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int]
+                ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], tuple[str, ...]]:
+    """Per layer: weights ``α`` ``[head, query, key]`` and ``f(x_j)`` ``[head, key, d_model]``
+    (float64, CPU), and the tokens. One forward for all layers."""
+    texts = _one_text(text)
+    layers = list(layers)
+    batch = encode(model, tokenizer, texts)
+    inputs = _model_inputs(model, batch)
+    with torch.no_grad(), capture(model, layers=layers, values=True,
+                                  tokenizer=tokenizer) as cap:
+        model(**inputs)
+    if not cap.values:
+        raise InputError("no value vectors were captured (norm-based importance needs a "
+                         "transformers model)")
+    sites = {s.layer: s for s in _self_sites(list(cap.values[0]))}
+    amap = next(m for m in cap.maps if m.kind == "self" and m.stack == sites[layers[0]].stack)
+    parts = {}
+    for layer in layers:
+        site = sites[layer]
+        weight, conv = _out_projection(model, site)
+        value = cap.values[0][site][0].to("cpu", torch.float64)  # [head, key, d_head]
+        n_heads, _, d_head = value.shape
+        w = weight.detach().to("cpu", torch.float64)
+        w = w if conv else w.T  # [in = head·d_head, out = d_model]
+        if w.shape[0] != n_heads * d_head:
+            raise InputError(f"output projection of {site.path} takes {w.shape[0]} inputs, not "
+                             f"{n_heads} heads × {d_head}")
+        f = torch.einsum("hkd,hdo->hko", value, w.reshape(n_heads, d_head, -1))
+        alpha = amap.pattern[amap.layers.index(layer)].to(torch.float64)
+        parts[layer] = (alpha, f)
+    return parts, amap.key_tokens
+
+
+def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int) -> torch.Tensor:
+    """Norm-based attention (Kobayashi et al. 2020): ``‖α_ij f(x_j)‖ = α_ij·‖f(x_j)‖``.
+
+    ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``: the value vector of key ``j`` in head ``h`` (from
+    :func:`attnprobe.capture`, ``values=True``) times the head's ``d_head`` input slice of the
+    attention output projection; the output bias is excluded (it does not depend on ``j``).
+    Supported: BERT-like models (bert, roberta, xlm-roberta: ``...attention.output.dense``),
+    GPT-2 (``attn.c_proj``), LLaMA / Mistral / Qwen2 (``self_attn.o_proj``).
+
+    Returns:
+        ``[head, query, key]`` float64.
+
+    Raises:
+        InputError: for any other model.
+    """
+    _out_family_check(model)
+    parts, _ = _norm_parts(model, tokenizer, text, [layer])
+    alpha, f = parts[layer]
+    return alpha * f.norm(dim=-1)[:, None, :]
+
+
+def _out_family_check(model: nn.Module) -> None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in NORM_FAMILIES:
+        raise InputError(f"norm-based importance resolves the attention output projection of "
+                         f"model types {', '.join(sorted(NORM_FAMILIES))} only; got "
+                         f"{model_type or type(model).__name__}")
+
+
+def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
+                    head: int | None = None, query: Query = "cls") -> torch.Tensor:
+    """One query row of :func:`norm_based` (heads averaged unless ``head`` is given).
+
+    Returns:
+        ``[key]`` float64.
+    """
+    norms = norm_based(model, tokenizer, text, layer=layer)
+    if head is not None:
+        if isinstance(head, bool) or not isinstance(head, int) \
+                or not 0 <= head < norms.shape[0]:
+            raise InputError(f"head {head!r} out of range (0..{norms.shape[0] - 1})")
+        return _read_query(norms[head], query)
+    return _read_query(norms.mean(0), query)

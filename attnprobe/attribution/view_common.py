@@ -1,0 +1,93 @@
+"""Shared pieces of the attention views: the query spec, layer look-up, map checks and the
+residual-augmented, head-reduced weights that rollout and flow multiply through.
+
+Which query row is read (``query``) is described in :mod:`attnprobe.attribution.views`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from attnprobe.errors import InputError
+from attnprobe.types import AttentionMap
+
+Query = Literal["cls", "first", "last", "mean", "max"] | int
+HeadReduce = Literal["mean", "max", "min"]
+Target = Callable[[Any, dict], torch.Tensor]
+
+QUERIES = ("cls", "first", "last", "mean", "max")
+HEAD_REDUCES = ("mean", "max", "min")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
+    """One ``[key]`` vector from a ``[query, key]`` matrix (see the views module
+    docstring)."""
+    n = matrix.shape[0]
+    if isinstance(query, str):
+        if query in ("cls", "first"):
+            return matrix[0]
+        if query == "last":
+            return matrix[-1]
+        if query == "mean":
+            return matrix.mean(0)
+        if query == "max":
+            return matrix.amax(0)
+    elif isinstance(query, (int, np.integer)) and not isinstance(query, bool):
+        if not -n <= int(query) < n:
+            raise InputError(f"query row {query} out of range for {n} query tokens")
+        return matrix[int(query)]
+    raise InputError(f"query must be one of {list(QUERIES)} or an int row; got {query!r}")
+
+
+def _query_rows(query: Query, n: int) -> list[int]:
+    """The rows a query spec reads (all rows for ``mean`` / ``max``)."""
+    if query in ("mean", "max"):
+        return list(range(n))
+    probe = torch.arange(n, dtype=torch.float64)[:, None]
+    return [int(_read_query(probe, query)[0])]
+
+
+def _layer_pos(amap: AttentionMap, layer: int) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) \
+            or int(layer) not in amap.layers:
+        raise InputError(f"layer {layer!r} not in this map; it has layers {list(amap.layers)}")
+    return amap.layers.index(int(layer))
+
+
+def _check_self(amap: AttentionMap, what: str) -> None:
+    if not isinstance(amap, AttentionMap):
+        raise InputError(f"{what} takes an AttentionMap; got {type(amap).__name__}")
+    if amap.kind != "self" or amap.shape[2] != amap.shape[3]:
+        raise InputError(f"{what} needs a self-attention map (square [query, key]); got "
+                         f"kind {amap.kind!r}, shape {amap.shape}")
+
+
+def _check_stack(amap: AttentionMap, what: str) -> None:
+    """Rollout and flow multiply through every layer from the first one."""
+    _check_self(amap, what)
+    if amap.layers != tuple(range(len(amap.layers))):
+        raise InputError(f"{what} needs every layer from 0 in order; this map has layers "
+                         f"{list(amap.layers)} (extract with layers=None)")
+
+
+def _augmented(amap: AttentionMap, *, residual: bool, head_reduce: HeadReduce) -> torch.Tensor:
+    """``[layer, query, key]`` float64: heads reduced, rows renormalised, residual added."""
+    if head_reduce not in HEAD_REDUCES:
+        raise InputError(f"head_reduce must be one of {list(HEAD_REDUCES)}; got {head_reduce!r}")
+    p = amap.pattern.to(torch.float64)
+    w = {"mean": lambda: p.mean(1), "max": lambda: p.amax(1), "min": lambda: p.amin(1)}[
+        head_reduce]()
+    sums = w.sum(-1, keepdim=True)
+    if (sums <= 0).any():
+        layer, row = (sums[..., 0] <= 0).nonzero()[0].tolist()
+        raise InputError(f"head_reduce={head_reduce!r} leaves query row {row} of layer "
+                         f"{amap.layers[layer]} with no weight; use head_reduce='mean'")
+    w = w / sums
+    if residual:
+        w = 0.5 * w + 0.5 * torch.eye(w.shape[-1], dtype=w.dtype)
+    return w
