@@ -2,11 +2,11 @@
 much the model's output cares.
 
 Modules: ``interventions`` (one registry of small parameter objects: permute, uniform, zero,
-mean-ablate, erase, Dirichlet re-draw), ``context`` (apply one inside a context that restores
-the model and verifies it took effect), ``measures`` (output and attention change),
-``adversarial`` (the most different attention that keeps the output within ε), ``importance``
-(Michel et al.'s head importance and the pruning curve) and ``run`` (the experiments as tidy
-tables).
+mean-ablate, erase, Dirichlet re-draw), ``scope`` (which layers and heads one touches),
+``context`` (apply one inside a context that restores the model and verifies it took effect),
+``measures`` (output and attention change), ``adversarial`` (the most different attention that
+keeps the output within ε), ``importance`` (Michel et al.'s head importance and the pruning
+curve) and ``run`` (the experiments as tidy tables).
 """
 
 from importlib import import_module
@@ -15,7 +15,7 @@ from typing import Any
 _LAZY = {
     "run": "run",
     "EXPERIMENTS": "run",
-    "Scope": "interventions",
+    "Scope": "scope",
     "INTERVENTIONS": "interventions",
     "make_intervention": "interventions",
     "describe": "interventions",
@@ -25,7 +25,7 @@ _LAZY = {
     "Erase": "interventions",
     "Dirichlet": "interventions",
     "Mean": "interventions",
-    "attention_sizes": "interventions",
+    "attention_sizes": "scope",
     "perturbed": "context",
     "head_output_means": "context",
     "tvd": "measures",
