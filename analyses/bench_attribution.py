@@ -21,9 +21,6 @@ Run: ``python analyses/bench_attribution.py [--smoke] [--out DIR]``.
 
 from __future__ import annotations
 
-import gc
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +33,7 @@ import attnprobe
 from attnprobe._optional import require
 from attnprobe.attribution.methods import attribute, embedding_layer
 from attnprobe.attribution.targets import Target, parse_target
+from attnprobe.benchmarking import Outcome, interleaved, timing_table
 from attnprobe.extraction import encode
 from attnprobe.runs import analysis_main
 
@@ -65,33 +63,22 @@ def _sentences(cfg: Config) -> list[str]:
     return [line.strip() for line in lines if line.strip()][:cfg.n_sentences]
 
 
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds all CPUs spent busy; CPU seconds of this process), from /proc/stat."""
-    try:
-        with open("/proc/stat") as fh:
-            ticks = [int(x) for x in fh.readline().split()[1:9]]
-    except OSError:
-        return float("nan"), float("nan")
-    own = os.times()
-    return ((sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system)
-
-
 # ----------------------------------------------------------------------------- contenders
 Result = list[tuple[torch.Tensor, float]]  # per text: (scores [token], |delta|)
+# a contender returns Outcome({}, Result): the attributions come back for the checks
 
 
 def _ours(model: Any, tok: Any, texts: list[str], target: Target,
-          cfg: Config) -> Callable[[], Result]:
-    def go() -> Result:
+          cfg: Config) -> Callable[[], Outcome]:
+    def go() -> Outcome:
         out = attribute(model, tok, texts, target, ["integrated_gradients"],
                         n_steps=cfg.n_steps, internal_batch_size=cfg.n_steps)
-        return [(a.scores, float(a.delta)) for a in out]
+        return Outcome({}, [(a.scores, float(a.delta)) for a in out])
     return go
 
 
 def _captum(model: Any, tok: Any, texts: list[str], target: Target, cfg: Config,
-            internal_batch_size: int | None) -> Callable[[], Result]:
+            internal_batch_size: int | None) -> Callable[[], Outcome]:
     """What a Captum user writes: LayerIntegratedGradients on the word embeddings, a pad
     baseline with [CLS]/[SEP] kept, the target as the forward function."""
     captum = require("captum.attr")
@@ -102,7 +89,7 @@ def _captum(model: Any, tok: Any, texts: list[str], target: Target, cfg: Config,
         out = model(input_ids=input_ids, attention_mask=attention_mask)
         return target(out, {"input_ids": input_ids, "attention_mask": attention_mask})
 
-    def go() -> Result:
+    def go() -> Outcome:
         results = []
         for text in texts:
             batch = tok([text], return_tensors="pt")
@@ -115,7 +102,7 @@ def _captum(model: Any, tok: Any, texts: list[str], target: Target, cfg: Config,
                                          internal_batch_size=internal_batch_size,
                                          return_convergence_delta=True)
             results.append((scores.sum(-1)[0].detach().double(), float(delta.abs().max())))
-        return results
+        return Outcome({}, results)
     return go
 
 
@@ -132,26 +119,10 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     }
     n_tokens = [int(encode(model, tok, [t])["input_ids"].shape[1]) for t in texts]
 
-    raw, last = [], {}
-    for rep in range(cfg.warmup + cfg.repeats):
-        for name, fn in contenders.items():
-            gc.collect()
-            busy0, own0 = _cpu_seconds()
-            start = time.perf_counter()
-            result = fn()
-            seconds = time.perf_counter() - start
-            busy1, own1 = _cpu_seconds()
-            last[name] = result
-            if rep >= cfg.warmup:
-                raw.append({"contender": name, "repeat": rep - cfg.warmup, "seconds": seconds,
-                            "seconds_per_example": seconds / len(texts),
-                            "foreign_load": max(0.0, (busy1 - busy0) - (own1 - own0)) / seconds})
-    raw_frame = pd.DataFrame(raw)
-    timing = raw_frame.groupby("contender", sort=False).agg(
-        median_s_per_example=("seconds_per_example", "median"),
-        min_s_per_example=("seconds_per_example", "min"),
-        max_s_per_example=("seconds_per_example", "max"),
-        repeats=("seconds", "size"), foreign_load=("foreign_load", "mean")).reset_index()
+    last: dict[str, Result] = {}
+    raw_frame = interleaved(contenders, repeats=cfg.repeats, warmup=cfg.warmup, results=last)
+    raw_frame.insert(3, "seconds_per_example", raw_frame["seconds"] / len(texts))
+    timing = timing_table(raw_frame, value="seconds_per_example", suffix="s_per_example")
     med = timing.set_index("contender")["median_s_per_example"]
 
     rows, checks = [], []

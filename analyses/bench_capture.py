@@ -29,12 +29,10 @@ import gc
 import json
 import os
 import resource
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,18 @@ import pandas as pd
 import torch
 
 import attnprobe
+from attnprobe.benchmarking import (
+    TIMED_S,
+    Contender,
+    FromDict,
+    Outcome,
+    interleaved,
+    load_warning,
+    ratios,
+    run_json_child,
+    timing_table,
+    with_result,
+)
 from attnprobe.heads import Entropy
 from attnprobe.runs import (
     memory_status_kib,
@@ -55,11 +65,10 @@ from attnprobe.runs import (
 CHILD_FLAG = "--_memory-child"  # hidden: run one memory measurement and print JSON
 MODES = ("streaming", "full", "plain")  # plain: the SDPA forward alone, for reference
 MIB = 1024.0  # KiB per MiB
-LOAD_WARNING = 0.2  # cores of foreign CPU load above which timings are flagged
 
 
 @dataclass
-class Config:
+class Config(FromDict):
     """Sizes and targets of the benchmark (defaults: the full run)."""
 
     model: str = "minilm"
@@ -88,11 +97,6 @@ class Config:
     def smoke(cls) -> Config:
         """Tiny sizes: checks the script end to end in seconds (numbers are meaningless)."""
         return cls(batch_size=2, seq_len=16, repeats=2, warmup=1, llama_seq_len=1024)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Config:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ----------------------------------------------------------------------------- inputs / models
@@ -126,46 +130,14 @@ def _llama_inputs(cfg: Config, length: int) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------- timing
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds all CPUs spent busy, incl. steal; CPU seconds of this process + children)."""
-    try:
-        with open("/proc/stat") as fh:
-            ticks = [int(x) for x in fh.readline().split()[1:9]]
-    except OSError:
-        return float("nan"), float("nan")
-    busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
-    own = os.times()
-    return (busy / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system + own.children_user + own.children_system)
-
-
-Contender = Callable[[], tuple[dict[str, float], Any]]  # -> (sub-phase seconds, result)
-
-
-def _interleaved(bench: str, contenders: dict[str, Contender], cfg: Config) -> list[dict]:
+def _interleaved(bench: str, contenders: dict[str, Contender], cfg: Config) -> pd.DataFrame:
     """Run the contenders alternately; one row per timed repeat and contender."""
-    rows = []
-    for rep in range(cfg.warmup + cfg.repeats):
-        for name, fn in contenders.items():
-            gc.collect()
-            busy0, own0 = _cpu_seconds()
-            start = time.perf_counter()
-            phases, result = fn()
-            seconds = phases.pop("timed_s", time.perf_counter() - start)
-            busy1, own1 = _cpu_seconds()
-            del result  # freed outside the timed region, for both contenders alike
-            if rep >= cfg.warmup:
-                # CPU time other processes took while this repeat ran (in cores on average):
-                # on a shared machine it explains outliers (OpenMP threads stall when a core
-                # is taken away).
-                foreign = max(0.0, (busy1 - busy0) - (own1 - own0)) / seconds
-                rows.append({"benchmark": bench, "contender": name, "repeat": rep - cfg.warmup,
-                             "seconds": seconds, "foreign_load": foreign, **phases})
-    return rows
+    return interleaved(contenders, repeats=cfg.repeats, warmup=cfg.warmup,
+                       labels={"benchmark": bench})
 
 
 def _captured(model: torch.nn.Module, batch: dict, **kwargs: Any) -> Contender:
-    def go() -> tuple[dict[str, float], Any]:
+    def go() -> Outcome:
         t0 = time.perf_counter()
         with attnprobe.capture(model, **kwargs) as cap:
             model(**batch)
@@ -173,26 +145,13 @@ def _captured(model: torch.nn.Module, batch: dict, **kwargs: Any) -> Contender:
         t2 = time.perf_counter()
         n_maps = len(cap.maps)  # assembled on first access
         t3 = time.perf_counter()
-        return {"timed_s": t2 - t0, "forward_s": t1 - t0, "exit_s": t2 - t1, "maps_s": t3 - t2,
-                "n_maps": n_maps}, cap
+        return Outcome({TIMED_S: t2 - t0, "forward_s": t1 - t0, "exit_s": t2 - t1,
+                        "maps_s": t3 - t2, "n_maps": n_maps}, cap)
     return go
 
 
 def _plain(model: torch.nn.Module, batch: dict, **kwargs: Any) -> Contender:
-    def go() -> tuple[dict[str, float], Any]:
-        return {}, model(**batch, **kwargs)
-    return go
-
-
-def _timing_tables(raw: pd.DataFrame) -> pd.DataFrame:
-    agg = raw.groupby(["benchmark", "contender"], sort=False).agg(
-        median_s=("seconds", "median"), min_s=("seconds", "min"), max_s=("seconds", "max"),
-        repeats=("seconds", "size"), foreign_load=("foreign_load", "mean"))
-    for phase in ("forward_s", "exit_s", "maps_s"):
-        if phase in raw:
-            agg[f"median_{phase}"] = raw.groupby(["benchmark", "contender"], sort=False)[phase] \
-                .median()
-    return agg.reset_index()
+    return with_result(lambda: model(**batch, **kwargs))
 
 
 def _ratio_table(raw: pd.DataFrame) -> pd.DataFrame:
@@ -201,11 +160,7 @@ def _ratio_table(raw: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for bench, sub in raw.groupby("benchmark", sort=False):
         ours_name, base_name = sub["contender"].unique()[:2]
-        ours = sub[sub["contender"] == ours_name].set_index("repeat")["seconds"]
-        base = sub[sub["contender"] == base_name].set_index("repeat")["seconds"]
-        rows.append({"benchmark": bench, "ratio_of_medians": ours.median() / base.median(),
-                     "median_paired_ratio": (ours / base).median(),
-                     "ratio_of_mins": ours.min() / base.min()})
+        rows.append({"benchmark": bench, **ratios(sub, ours_name, base_name)})
     return pd.DataFrame(rows)
 
 
@@ -319,15 +274,9 @@ def _memory_child(mode: str, cfg: Config) -> dict[str, Any]:
 
 
 def _run_child(mode: str, cfg: Config) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, mode,
-           json.dumps(asdict(cfg))]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.child_timeout_s,
-                          env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory child ({mode}) failed with {proc.returncode}:\n"
-                           f"{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child([str(Path(__file__).resolve()), CHILD_FLAG, mode,
+                           json.dumps(asdict(cfg))],
+                          timeout_s=cfg.child_timeout_s, what=f"memory child ({mode})")
 
 
 def _memory_tables(results: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame, float]:
@@ -385,7 +334,7 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
             "capture(all layers, keep)": _captured(model, batch),
             "eager + output_attentions": _plain(eager, batch, output_attentions=True),
         }, cfg)
-        raw += _interleaved(b2, {
+        raw_b2 = _interleaved(b2, {
             f"capture(layers=[{cfg.one_layer}], keep)": _captured(model, batch,
                                                                  layers=[cfg.one_layer]),
             "plain SDPA forward": _plain(model, batch),
@@ -411,8 +360,9 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     del model, eager
     gc.collect()
 
-    raw_frame = pd.DataFrame(raw)
-    timing = _timing_tables(raw_frame)
+    raw_frame = pd.concat([raw, raw_b2], ignore_index=True)
+    timing = timing_table(raw_frame, by=["benchmark", "contender"],
+                          medians=["forward_s", "exit_s", "maps_s"])
     checks.append({"check": "timing: mean CPU load of other processes (cores)",
                    "value": float(raw_frame["foreign_load"].mean())})
 
@@ -477,10 +427,9 @@ def main(argv: list[str] | None = None) -> None:
     tables = run(cfg)
     wall = time.perf_counter() - start
     print_tables(tables, ["timing", "ratios", "memory", "entropy", "checks", "summary"])
-    foreign = float(tables["timing_raw"]["foreign_load"].mean())
-    if foreign > LOAD_WARNING:
-        print(f"\nWARNING: other processes kept {foreign:.2f} cores busy on average during the "
-              f"timed repeats (of {os.cpu_count()}); timings and ratios are not trustworthy.")
+    warning = load_warning(float(tables["timing_raw"]["foreign_load"].mean()))
+    if warning:
+        print(f"\n{warning}")
     write_run(out, tables, provenance("analyses/bench_capture.py", cfg, wall))
     print(f"\nwall time {wall:.1f} s; tables written to {out}/")
 

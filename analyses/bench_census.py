@@ -42,11 +42,10 @@ import gc
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,14 @@ import pandas as pd
 import torch
 
 import attnprobe
+from attnprobe.benchmarking import (
+    Contender,
+    FromDict,
+    interleaved,
+    load_warning,
+    run_json_child,
+    timing_table,
+)
 from attnprobe.extraction import _model_inputs
 from attnprobe.heads import census, parse
 from attnprobe.heads.head_census import _batches, _encode, _items
@@ -67,11 +74,10 @@ MODES = ("streaming", "full", "plain")
 MIB = 1024.0  # KiB per MiB
 BARE = "bare forward (SDPA, same batches, tokenizing included)"
 FULL = "census (full: scores, distances, probe, syntax)"
-LOAD_WARNING = 0.2  # cores of foreign CPU load above which timings are flagged
 
 
 @dataclass
-class Config:
+class Config(FromDict):
     """Sizes and targets (defaults: the full run)."""
 
     model: str = "minilm"
@@ -105,62 +111,12 @@ class Config:
         return cls(n_sentences=40, repeats=1, warmup=0, llama_seq_len=1024, check_seq_len=256,
                    memory_subprocess=False)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Config:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
 
 # ----------------------------------------------------------------------------- timing helpers
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds all CPUs spent busy; CPU seconds of this process and its children)."""
-    try:
-        with open("/proc/stat") as fh:
-            ticks = [int(x) for x in fh.readline().split()[1:9]]
-    except OSError:
-        return float("nan"), float("nan")
-    busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
-    own = os.times()
-    return (busy / os.sysconf("SC_CLK_TCK"),
-            own.user + own.system + own.children_user + own.children_system)
-
-
-Contender = Callable[[], dict[str, float]]  # runs once, returns sub-phase seconds
-
-
-def _interleaved(contenders: dict[str, Contender], cfg: Config) -> pd.DataFrame:
-    """Run the contenders alternately; one row per timed repeat and contender."""
-    rows = []
-    for rep in range(cfg.warmup + cfg.repeats):
-        for name, fn in contenders.items():
-            gc.collect()
-            busy0, own0 = _cpu_seconds()
-            start = time.perf_counter()
-            phases = fn()
-            seconds = time.perf_counter() - start
-            busy1, own1 = _cpu_seconds()
-            if rep >= cfg.warmup:
-                foreign = max(0.0, (busy1 - busy0) - (own1 - own0)) / seconds
-                rows.append({"contender": name, "repeat": rep - cfg.warmup,
-                             "seconds": seconds, "foreign_load": foreign, **phases})
-    return pd.DataFrame(rows)
-
-
 def _timing_table(raw: pd.DataFrame) -> pd.DataFrame:
-    grouped = raw.groupby("contender", sort=False)
-    table = grouped.agg(median_s=("seconds", "median"), min_s=("seconds", "min"),
-                        max_s=("seconds", "max"), repeats=("seconds", "size"),
-                        foreign_load=("foreign_load", "mean"))
-    for phase in ("run_s", "tables_s"):
-        if phase in raw:
-            table[f"median_{phase}"] = grouped[phase].median()
-    bare = raw[raw["contender"] == BARE].set_index("repeat")["seconds"]
-    table["ratio_to_bare"] = table["median_s"] / bare.median()
-    table["median_paired_ratio"] = [
-        float((raw[raw["contender"] == name].set_index("repeat")["seconds"] / bare).median())
-        for name in table.index]
-    table["extra_over_bare_s"] = table["median_s"] - bare.median()
-    return table.reset_index()
+    """Medians per contender and their ratios to the bare forward."""
+    return timing_table(raw, BARE, medians=["run_s", "tables_s"]).rename(columns={
+        "ratio_to_baseline": "ratio_to_bare", "extra_over_baseline_s": "extra_over_bare_s"})
 
 
 # ----------------------------------------------------------------------------- part 1: census
@@ -235,7 +191,7 @@ def _census_cost(cfg: Config) -> dict[str, pd.DataFrame]:
                 repeated=False),
         })
     with torch.no_grad():
-        raw = _interleaved(contenders, cfg)
+        raw = interleaved(contenders, repeats=cfg.repeats, warmup=cfg.warmup)
     timing = _timing_table(raw)
 
     checks = [{"check": "1: sentences in the census", "value": float(results[FULL].n_sentences)},
@@ -361,15 +317,9 @@ def _run_memory(mode: str, cfg: Config) -> dict[str, Any]:
     if not cfg.memory_subprocess:
         _trim_heap()
         return _memory_measure(mode, cfg)
-    cmd = [sys.executable, str(Path(__file__).resolve()), CHILD_FLAG, mode,
-           json.dumps(asdict(cfg))]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cfg.child_timeout_s,
-                          env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory child ({mode}) failed with {proc.returncode}:\n"
-                           f"{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child([str(Path(__file__).resolve()), CHILD_FLAG, mode,
+                           json.dumps(asdict(cfg))],
+                          timeout_s=cfg.child_timeout_s, what=f"memory child ({mode})")
 
 
 def _mem_available_kib() -> int:
@@ -517,10 +467,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{summary['target'].iloc[0]})")
     print(f"streaming / full-map peak memory: {memory:.4f} ({summary['benchmark'].iloc[2]})")
     print(f"streaming vs full-map entropy: max |diff| = {summary['ours'].iloc[3]:.2e} nats")
-    foreign = pd.read_csv(out / "timing_raw.csv")["foreign_load"].mean()
-    if foreign > LOAD_WARNING:
-        print(f"WARNING: other processes kept {foreign:.2f} cores busy on average during the "
-              f"timed repeats (of {os.cpu_count()}); timings are not trustworthy.")
+    warning = load_warning(float(pd.read_csv(out / "timing_raw.csv")["foreign_load"].mean()))
+    if warning:
+        print(warning)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ and ``provenance.json`` go to ``runs/bench_flow/<UTC stamp>/``.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ import pandas as pd
 
 import attnprobe
 from attnprobe.attribution import attention_flow, view_common, views
+from attnprobe.benchmarking import Outcome, interleaved, timing_table
 from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data" / "census_sentences.txt"
@@ -91,22 +91,20 @@ def _sinks(n: int, subset: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- contenders
-def _ours(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarray, float]:
+def _ours(amap: attnprobe.AttentionMap, sinks: list[int]) -> np.ndarray:
     """Unnormalised flow values (weight units) from [CLS] after the last layer to ``sinks``."""
     from scipy.sparse.csgraph import maximum_flow
 
-    start = time.perf_counter()
     aug = view_common._augmented(amap, residual=True, head_reduce="mean")
     graph = attention_flow._flow_graph(aug)
     n = amap.shape[-1]
     source = aug.shape[0] * n  # node (last layer, row 0)
     values = [maximum_flow(graph, source, v).flow_value for v in sinks]
-    seconds = time.perf_counter() - start
-    return np.asarray(values, dtype=np.float64) / views.FLOW_SCALE, seconds
+    return np.asarray(values, dtype=np.float64) / views.FLOW_SCALE
 
 
-def _networkx(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarray, float, float]:
-    """Abnar & Zuidema's per-pair networkx flow; returns values, build and total seconds."""
+def _networkx(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarray, float]:
+    """Abnar & Zuidema's per-pair networkx flow; returns the values and the build seconds."""
     import networkx as nx
 
     start = time.perf_counter()
@@ -122,7 +120,7 @@ def _networkx(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarra
     source = n_layers * n
     values = [nx.maximum_flow_value(graph, source, v, flow_func=nx.algorithms.flow.edmonds_karp)
               for v in sinks]
-    return np.asarray(values, dtype=np.float64), built - start, time.perf_counter() - start
+    return np.asarray(values, dtype=np.float64), built - start
 
 
 # ----------------------------------------------------------------------------- run
@@ -132,39 +130,34 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     n, n_layers = amap.shape[-1], amap.shape[0]
     top = amap.layers[-1]
     sinks = _sinks(n, cfg.subset)
-    _ours(amap, sinks)  # warm-up (imports, caches)
+    nan = float("nan")
+    subset = {"pairs": len(sinks), "build_s": nan}
+    ours_name, nx_name = f"ours, {len(sinks)} inputs", f"networkx, {len(sinks)} inputs"
+    full_name = f"ours, all {n} inputs (views.flow)"
 
-    rows = []
-    ours_vals = nx_vals = None
-    for rep in range(cfg.repeats):
-        gc.collect()
-        ours_vals, seconds = _ours(amap, sinks)
-        rows.append({"contender": f"ours, {len(sinks)} inputs", "repeat": rep,
-                     "seconds": seconds, "pairs": len(sinks), "build_s": float("nan")})
-        if rep < cfg.networkx_repeats:
-            gc.collect()
-            nx_vals, build, seconds = _networkx(amap, sinks)
-            rows.append({"contender": f"networkx, {len(sinks)} inputs", "repeat": rep,
-                         "seconds": seconds, "pairs": len(sinks), "build_s": build})
-        gc.collect()
-        start = time.perf_counter()
-        full = views.flow(amap, layer=top, query="cls")
-        rows.append({"contender": f"ours, all {n} inputs (views.flow)", "repeat": rep,
-                     "seconds": time.perf_counter() - start, "pairs": n,
-                     "build_s": float("nan")})
-        if cfg.all_layers:
-            gc.collect()
-            start = time.perf_counter()
-            for layer in amap.layers:
-                views.flow(amap, layer=layer, query="cls")
-            rows.append({"contender": f"ours, all {n} inputs x {n_layers} layers", "repeat": rep,
-                         "seconds": time.perf_counter() - start, "pairs": n * n_layers,
-                         "build_s": float("nan")})
-    raw = pd.DataFrame(rows)
-    timing = raw.groupby("contender", sort=False).agg(
-        median_s=("seconds", "median"), min_s=("seconds", "min"), max_s=("seconds", "max"),
-        repeats=("seconds", "size"), pairs=("pairs", "first"),
-        median_build_s=("build_s", "median")).reset_index()
+    def networkx() -> Outcome:
+        values, build = _networkx(amap, sinks)
+        return Outcome({**subset, "build_s": build}, values)
+
+    def all_layers() -> dict[str, float]:
+        for layer in amap.layers:
+            views.flow(amap, layer=layer, query="cls")
+        return {"pairs": n * n_layers, "build_s": nan}
+
+    contenders = {
+        ours_name: lambda: Outcome(subset, _ours(amap, sinks)),
+        nx_name: networkx,
+        full_name: lambda: Outcome({"pairs": n, "build_s": nan},
+                                   views.flow(amap, layer=top, query="cls")),
+    }
+    if cfg.all_layers:
+        contenders[f"ours, all {n} inputs x {n_layers} layers"] = all_layers
+    last: dict[str, Any] = {}  # one untimed warm-up round (imports, caches); networkx skips it
+    raw = interleaved(contenders, repeats=cfg.repeats, warmup=1, results=last,
+                      only_first={nx_name: cfg.networkx_repeats})
+    ours_vals, nx_vals, full = last[ours_name], last[nx_name], last[full_name]
+    timing = timing_table(raw, medians=["build_s"])
+    timing.insert(5, "pairs", raw.groupby("contender", sort=False)["pairs"].first().to_numpy())
     timing["per_pair_ms"] = 1000 * timing["median_s"] / timing["pairs"]
 
     ours_sub = raw[raw["contender"].str.startswith("ours, ") & (raw["pairs"] == len(sinks))

@@ -24,9 +24,7 @@ Run: ``python analyses/bench_perturb.py [--smoke] [--out DIR]``.
 
 from __future__ import annotations
 
-import gc
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,7 @@ import pandas as pd
 import torch
 
 import attnprobe
+from attnprobe.benchmarking import interleaved, ratios, timing_table, with_result
 from attnprobe.perturb.context import perturbed
 from attnprobe.perturb.interventions import Permute, Scope
 from attnprobe.perturb.measures import cosine_distance
@@ -85,37 +84,6 @@ def _sequential(model: Any, single: dict, n: int, scope: Scope, seed: int, keep:
     return go
 
 
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds all CPUs spent busy; CPU seconds of this process), from /proc (Linux)."""
-    try:
-        with open("/proc/stat") as fh:
-            ticks = [int(x) for x in fh.readline().split()[1:9]]
-    except OSError:
-        return float("nan"), float("nan")
-    own = os.times()
-    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
-    return busy, own.user + own.system
-
-
-def _timed(contenders: dict[str, Callable], cfg: Config) -> pd.DataFrame:
-    """Contenders interleaved; one row per timed repeat, with the CPU load (in cores) other
-    processes put on the machine meanwhile (it explains outliers on a shared machine)."""
-    rows = []
-    for rep in range(cfg.warmup + cfg.repeats):
-        for name, fn in contenders.items():
-            gc.collect()
-            busy0, own0 = _cpu_seconds()
-            start = time.perf_counter()
-            result = fn()
-            seconds = time.perf_counter() - start
-            busy1, own1 = _cpu_seconds()
-            del result
-            if rep >= cfg.warmup:
-                rows.append({"contender": name, "repeat": rep - cfg.warmup, "seconds": seconds,
-                             "foreign_load": max(0.0, (busy1 - busy0) - (own1 - own0)) / seconds})
-    return pd.DataFrame(rows)
-
-
 def run(cfg: Config) -> dict[str, pd.DataFrame]:
     """Time both contenders and check they agree; return the tables (nothing is printed)."""
     model, tokenizer = attnprobe.load_model(cfg.model)
@@ -128,13 +96,12 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     sequential = f"sequential: {n} forwards of 1"
     plain_name = f"reference: plain forward of {n} copies, no perturbation"
 
-    def plain_forward() -> torch.Tensor:
-        return model(**copies).last_hidden_state
-
-    with torch.no_grad():
-        raw = _timed({batched: _batched(model, copies, scope, cfg.seed),
-                      sequential: _sequential(model, single, n, scope, cfg.seed),
-                      plain_name: plain_forward}, cfg)
+    with torch.no_grad():  # outputs are freed after each measurement, not inside it
+        raw = interleaved({
+            batched: with_result(_batched(model, copies, scope, cfg.seed)),
+            sequential: with_result(_sequential(model, single, n, scope, cfg.seed)),
+            plain_name: with_result(lambda: model(**copies).last_hidden_state),
+        }, repeats=cfg.repeats, warmup=cfg.warmup)
         # untimed: the same draws give the same permutations and outputs
         out_b, cap_b = _batched(model, copies, scope, cfg.seed, keep=True)()
         out_s, cap_s = _sequential(model, single, n, scope, cfg.seed, keep=True)()
@@ -147,18 +114,16 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     distance = cosine_distance(emb_b, emb_plain.expand_as(emb_b))
     distinct = len({tuple(row.tolist()) for row in emb_b.round(decimals=5)})
 
-    timing = raw.groupby("contender", sort=False).agg(
-        median_s=("seconds", "median"), min_s=("seconds", "min"), max_s=("seconds", "max"),
-        repeats=("seconds", "size"), foreign_load=("foreign_load", "mean")).reset_index()
+    timing = timing_table(raw)
     timing["per_permutation_ms"] = 1000 * timing["median_s"] / n
     med = timing.set_index("contender")["median_s"]
-    paired = raw.pivot(index="repeat", columns="contender", values="seconds")
+    speedup = ratios(raw, sequential, batched)
     summary = pd.DataFrame([{
         "benchmark": f"{n} permutations of layer {cfg.layer} ({cfg.model}, "
                      f"{single['input_ids'].shape[1]} tokens)",
         "batched_s": float(med[batched]), "sequential_s": float(med[sequential]),
-        "speedup (sequential / batched)": float(med[sequential] / med[batched]),
-        "median_paired_speedup": float((paired[sequential] / paired[batched]).median()),
+        "speedup (sequential / batched)": speedup["ratio_of_medians"],
+        "median_paired_speedup": speedup["median_paired_ratio"],
         "plain_batched_s": float(med[plain_name]),
         "batched / plain": float(med[batched] / med[plain_name]),
         "foreign_load": float(raw["foreign_load"].mean()),
