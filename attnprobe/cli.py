@@ -15,6 +15,7 @@ import pandas as pd
 
 from attnprobe.commands import census as census_commands
 from attnprobe.commands import compare as compare_commands
+from attnprobe.commands import perturb as perturb_commands
 from attnprobe.commands.common import (
     TABLE_SUFFIXES,
     Parser,
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     extract.set_defaults(run=cmd_extract)
     census_commands.register(sub)
     compare_commands.register(sub)
+    perturb_commands.register(sub)
 
     return parser
 
