@@ -24,15 +24,26 @@ def minilm_path() -> Path:
     return Path(package.get_model_path())
 
 
+def _model_class(transformers: Any, config: Any) -> Any:
+    """The class the checkpoint was saved as (``config.architectures``), so a classifier keeps
+    its classification head and a language model its LM head; otherwise the bare model."""
+    for name in getattr(config, "architectures", None) or ():
+        found = getattr(transformers, name, None)
+        if isinstance(found, type) and hasattr(found, "from_pretrained"):
+            return found
+    if getattr(config, "is_encoder_decoder", False):
+        return transformers.AutoModelForSeq2SeqLM
+    return transformers.AutoModel
+
+
 def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     transformers = require("transformers")
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    auto = (transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False)
-            else transformers.AutoModel)
-    model = auto.from_pretrained(path, local_files_only=True, **kwargs)
+    model_class = _model_class(transformers, config)
+    model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.eval(), tokenizer
 
