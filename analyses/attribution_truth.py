@@ -7,7 +7,7 @@ occurs; decisive = its occurrences) and ``count`` (label 1 iff ``cat`` occurs mo
 additive (tanh) attention, their non-contextual "average" encoder + the same attention, and a
 2-layer × 2-head Transformer encoder pooled at ``[BOS]``.
 
-For held-out examples, :func:`attnprobe.attribution.compare.compare` computes the importance
+For held-out examples, :func:`attnprobe.attribution.comparison.compare` computes the importance
 of every token from the attention (the J&W models: their one attention distribution,
 ``raw@L0``; the Transformer: the ``[BOS]`` row of raw attention, rollout and flow per layer,
 and Chefer's attention × gradient) and from attribution methods (Integrated Gradients,
@@ -60,7 +60,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attnprobe.attribution.compare import Comparison, compare
+from attnprobe.attribution.comparison import Comparison, compare
 from attnprobe.attribution.targets import Target
 from attnprobe.errors import InputError
 from attnprobe.models import build_reference

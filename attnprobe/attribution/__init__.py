@@ -6,7 +6,7 @@ Modules: ``targets`` (what is explained: a class, a logit, a similarity, a next 
 ``perturbation_methods`` leave-one-out and occlusion), ``views`` (importance read off the
 attention: raw rows, rollout; ``attention_flow`` flow, ``model_views`` attention × gradient and
 norms; ``view_common`` the shared helpers), ``metrics`` (rank and distribution agreement) and
-``compare`` (all of it over a corpus, as tidy tables).
+``comparison`` (:func:`compare`: all of it over a corpus, as tidy tables).
 Captum and transformers are imported when a function needs them.
 """
 
@@ -14,9 +14,9 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "compare": "compare",
-    "Comparison": "compare",
-    "DEFAULT_VIEWS": "compare",
+    "compare": "comparison",
+    "Comparison": "comparison",
+    "DEFAULT_VIEWS": "comparison",
     "attribute": "methods",
     "METHODS": "methods",
     "DEFAULT_METHODS": "methods",

@@ -43,7 +43,7 @@ def _query(text: str) -> str | int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnprobe.attribution.compare import compare
+    from attnprobe.attribution.comparison import compare
     from attnprobe.loading import load_model
 
     out = check_out(args.out, "--out")
@@ -70,7 +70,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``compare`` to the ``attnprobe`` sub-command parsers."""
-    from attnprobe.attribution.compare import DEFAULT_METHODS, DEFAULT_VIEWS
+    from attnprobe.attribution.comparison import DEFAULT_METHODS, DEFAULT_VIEWS
 
     parser = sub.add_parser("compare", help="attention views vs gradient attributions",
                             epilog=COMPARE_EXAMPLE,

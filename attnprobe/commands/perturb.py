@@ -55,7 +55,7 @@ _ONLY = {
 
 
 def _experiment(text: str) -> str:
-    from attnprobe.perturb.run import EXPERIMENTS
+    from attnprobe.perturb.experiments import EXPERIMENTS
 
     if text not in EXPERIMENTS:
         raise argparse.ArgumentTypeError(f"unknown experiment {text!r}; choose one of "
@@ -117,7 +117,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def cmd_perturb(args: argparse.Namespace) -> int:
     from attnprobe.loading import load_model
-    from attnprobe.perturb.run import run
+    from attnprobe.perturb.experiments import run
 
     out = check_out(args.out, "--out")
     keywords = _keywords(args)

@@ -6,15 +6,18 @@ mean-ablate, erase, Dirichlet re-draw), ``scope`` (which layers and heads one to
 ``context`` (apply one inside a context that restores the model and verifies it took effect),
 ``measures`` (output and attention change), ``adversarial`` (the most different attention that
 keeps the output within ε), ``importance`` (Michel et al.'s head importance and the pruning
-curve) and ``run`` (the experiments as tidy tables).
+curve) and ``experiments`` (:func:`run`: the experiments as tidy tables; ``readout`` reads and
+compares the model's outputs, ``job`` holds what every experiment shares, ``searches`` the
+erase, adversarial and importance experiments).
 """
 
 from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "run": "run",
-    "EXPERIMENTS": "run",
+    "run": "experiments",
+    "EXPERIMENTS": "experiments",
+    "RUN_COLUMNS": "experiments",
     "Scope": "scope",
     "INTERVENTIONS": "interventions",
     "make_intervention": "interventions",

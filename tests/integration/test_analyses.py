@@ -78,7 +78,8 @@ def test_bench_attribution_smoke(tmp_path, monkeypatch):
 
 
 NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_"))
-OWN_TESTS = ("bench_capture", "bench_census", "head_census")  # smoke-run by the tests above
+OWN_TESTS = ("bench_attribution", "bench_capture", "bench_census", "bench_flow", "bench_perturb",
+             "head_census", "perturbation_studies", "rollout_trend")  # their own tests below
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -127,3 +128,55 @@ def test_bench_flow_smoke(tmp_path, monkeypatch):
     assert abs(checks["ours normalised flow sums to 1 (all inputs)"] - 1) <= 1e-9
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["script"] == "analyses/bench_flow.py" and record["config"]
+
+
+def test_perturbation_studies_smoke_is_reproducible(tmp_path, monkeypatch):
+    import pandas as pd
+
+    studies = load("perturbation_studies")
+    monkeypatch.setattr(sys, "argv", ["perturbation_studies.py"])
+    first, second = tmp_path / "first", tmp_path / "second"
+    studies.main(["--smoke", "--out", str(first)])
+    studies.main(["--smoke", "--out", str(second)])
+    csvs = sorted(p.name for p in first.glob("*.csv"))
+    assert csvs == sorted(p.name for p in second.glob("*.csv"))
+    for name in csvs:  # the same seed gives the same tables, byte for byte
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    for name in ("permutation", "uniform", "erasure", "adversarial", "importance", "pruning"):
+        assert len(pd.read_csv(first / f"{name}.csv")) > 0, name
+    uniform = pd.read_csv(first / "uniform.csv")
+    minilm = uniform[uniform["model"] == "minilm"]
+    assert (minilm["unit"] == "head").sum() == 72 and (minilm["unit"] == "layer").sum() == 6
+    erasure = pd.read_csv(first / "erasure_summary.csv")
+    assert set(erasure["order"]) == {"attention", "integrated_gradients", "random"}
+    pruning = pd.read_csv(first / "pruning.csv")
+    assert (pruning.loc[pruning["n_pruned"] == 0, "metric_relative"] == 1).all()
+    for name in ("permutation", "uniform", "erasure", "pruning"):
+        assert (first / f"{name}.png").stat().st_size > 0
+    record = json.loads((first / "provenance.json").read_text())
+    assert record["script"] == "analyses/perturbation_studies.py" and record["config"]
+
+
+def test_rollout_trend_smoke(tmp_path, monkeypatch):
+    import pandas as pd
+
+    trend_script = load("rollout_trend")
+    monkeypatch.setattr(sys, "argv", ["rollout_trend.py"])
+    trend_script.main(["--smoke", "--out", str(tmp_path)])
+    trend = pd.read_csv(tmp_path / "trend.csv")
+    assert list(trend.columns) == ["view", "layer", "reference", "family", "mean_rho", "std",
+                                   "frac_significant", "n"]
+    views = ("raw", "raw_max", "rollout", "rollout_max", "flow", "flow_max")
+    references = ("saliency", "input_x_gradient", "occlusion", "leave_one_out")
+    assert len(trend) == len(views) * 6 * len(references)  # MiniLM: 6 layers
+    assert set(trend.view) == set(views) and set(trend.reference) == set(references)
+    assert (trend.n == 3).all() and trend.mean_rho.between(-1, 1).all()
+    assert trend.frac_significant.between(0, 1).all()
+    checks = pd.read_csv(tmp_path / "checks.csv").set_index("check").value
+    assert checks["sentences explained"] == 3
+    assert checks["max |rho(flow) - rho(rollout)| at layer 0 (identical)"] <= 1e-9
+    verdict = pd.read_csv(tmp_path / "verdict.csv")
+    assert len(verdict) == len(views) * len(references) and verdict.shown.dtype == bool
+    assert (tmp_path / "rollout_trend.png").stat().st_size > 0
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/rollout_trend.py" and record["config"]

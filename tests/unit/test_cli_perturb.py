@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from attnprobe.cli import main
-from attnprobe.perturb.run import RUN_COLUMNS
+from attnprobe.perturb.experiments import RUN_COLUMNS
 
 CLASSIFIER = ["--model", "ref:transformer-classifier"]
 TEXTS = ["--text", "the cat sat on the red mat", "--text", "a dog ran to the tree"]

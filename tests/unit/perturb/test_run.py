@@ -17,7 +17,7 @@ import attnprobe as ap
 from attnprobe.errors import AttentionUnavailableError, EditNotAppliedError, InputError
 from attnprobe.models import build_reference
 from attnprobe.perturb import Permute, Scope, Zero, perturbed, tvd
-from attnprobe.perturb.run import EXPERIMENTS, RUN_COLUMNS, _generator, run
+from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, _generator, run
 from tests.conftest import track
 
 TEXTS = ["the cat sat on the red mat", "a dog ran to the big tree", "the bird saw a fish"]
@@ -316,9 +316,10 @@ def test_mean_ablation_uses_the_means_of_the_same_texts(hf_tok):
 
 
 def test_ap_perturb_run_is_callable_after_the_submodule_is_imported(classifier):
-    import attnprobe.perturb.run  # noqa: F401  binds the package attribute to the module
+    import attnprobe.perturb.experiments  # noqa: F401  binds the package attribute to the module
 
     model, tok = classifier
+    assert ap.perturb.run is run
     table = ap.perturb.run(model, tok, TEXTS[:1], "uniform")
     assert tuple(table.columns) == RUN_COLUMNS
     assert ap.perturb.EXPERIMENTS is EXPERIMENTS

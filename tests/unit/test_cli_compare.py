@@ -1,0 +1,149 @@
+"""``attnprobe compare``: the agreement CSV, the summary, the printout and one-line errors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+import transformers
+
+import attnprobe as ap
+from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, compare
+from attnprobe.cli import main
+
+MODEL = "ref:transformer-classifier"  # untrained, 2 classes, key-token vocabulary
+TEXTS = ["key cat the dog red", "a big tree and the sun"]
+SUMMARY_COLUMNS = ["source_kind", "view", "layer", "source", "method", "metric", "mean", "std",
+                   "n", "frac_significant"]
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse exits by itself
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def base(tmp_path, *extra: str) -> list[str]:
+    return ["compare", "--model", MODEL, *(a for t in TEXTS for a in ("--text", t)),
+            "--target", "class:1", "--methods", "saliency,leave_one_out", "--views",
+            "raw,rollout", "--out", str(tmp_path / "agreement.csv"), *extra]
+
+
+def test_writes_the_agreement_table_and_the_summary(tmp_path, capsys):
+    code, printed, err = run(base(tmp_path, "--summary", str(tmp_path / "summary.csv"),
+                                  "--quiet"), capsys)
+    assert code == 0 and err == ""
+    table = pd.read_csv(tmp_path / "agreement.csv", dtype={"example_id": str})
+    assert list(table.columns) == list(AGREEMENT_COLUMNS)
+    # per text: (raw, rollout) x 2 layers x 2 methods + the one pair of methods; 4 metrics
+    assert len(table) == len(TEXTS) * (2 * 2 * 2 + 1) * 4
+    assert set(table.source) == {"raw@L0", "raw@L1", "rollout@L0", "rollout@L1", "saliency"}
+    assert table.layer.dropna().map(float.is_integer).all()
+    # the same numbers as the library call
+    model, tok = ap.load_model(MODEL)
+    expected = compare(model, tok, TEXTS, "class:1", methods=["saliency", "leave_one_out"],
+                       views=["raw", "rollout"])
+    pd.testing.assert_series_equal(table.value, expected.table.value, check_exact=False,
+                                   atol=1e-6, rtol=0)
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert len(summary) == (2 * 2 * 2 + 1) * 4 and (summary.n == len(TEXTS)).all()
+    means = table.groupby(["source", "method", "metric"]).value.mean()
+    for item in summary.itertuples():
+        assert item.mean == pytest.approx(means[(item.source, item.method, item.metric)])
+    # the printout: Kendall tau per (source, method)
+    assert f"{len(TEXTS)} texts, target class:1: Kendall tau" in printed
+    lines = [line.split() for line in printed.splitlines()[2:]]
+    assert {(parts[0], parts[1]) for parts in lines} == {
+        *((f"{v}@L{layer}", m) for v in ("raw", "rollout") for layer in (0, 1)
+          for m in ("saliency", "leave_one_out")), ("saliency", "leave_one_out")}
+
+
+def test_layers_query_and_steps(tmp_path, capsys):
+    argv = base(tmp_path, "--layers", "1", "--query", "max", "--n-steps", "4", "--methods",
+                "integrated_gradients,saliency")
+    code, printed, err = run(argv, capsys)
+    assert code == 0
+    table = pd.read_csv(tmp_path / "agreement.csv")
+    assert set(table.source) == {"raw@L1", "rollout@L1", "integrated_gradients"}
+    assert f"wrote {len(table)} agreement rows to" in err  # not --quiet: the note is printed
+    assert "raw@L1" in printed and "raw@L0" not in printed
+
+
+def test_file_of_texts_and_a_similarity_target_on_a_saved_bert(tmp_path, capsys):
+    words = "the cat sat on a mat dog ran big red".split()
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    tok = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=64, initializer_range=0.3)
+    folder = tmp_path / "bert"
+    transformers.BertModel(config).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the big cat sat on a mat\n\n  a red dog ran\n")
+    code, printed, _ = run(["compare", "--model", str(folder), "--text-file", str(texts),
+                            "--target", "similarity:the dog sat", "--methods",
+                            "saliency,occlusion", "--views", "raw,norm,attn_x_grad",
+                            "--out", str(tmp_path / "c.csv"), "--quiet"], capsys)
+    assert code == 0
+    table = pd.read_csv(tmp_path / "c.csv")
+    assert sorted(table.example_id.unique()) == [0, 1]
+    assert {"norm@L0", "norm@L1", "attn_x_grad"} <= set(table.source)
+    assert "2 texts, target similarity:the dog sat" in printed
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--methods", "saliency,deeplift"], "unknown attribution method 'deeplift'"),
+    (["--views", "raw,attention"], "views must be distinct names"),
+    (["--target", "class:9"], "target class 9 out of range: the model has 2 classes"),
+    (["--target", "colour:1"], "unknown target kind 'colour'"),
+    (["--target", "next-token"], "needs language-model logits"),
+    (["--layers", "7"], "layer 7 not in this map"),
+    (["--text-file", "{tmp}/blank.txt"], "has no text"),
+    (["--text-file", "{tmp}/missing.txt"], "text file not found"),
+    (["--out", "{tmp}/agreement.txt"], "--out must end in"),
+    (["--summary", "{tmp}/summary.xlsx"], "--summary must end in"),
+    (["--model", "ref:nope"], "unknown reference model"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
+    (tmp_path / "blank.txt").write_text("\n   \n")
+    argv = ["compare", "--model", MODEL, "--target", "class:1", "--methods", "saliency",
+            "--views", "raw", "--quiet", "--out", str(tmp_path / "agreement.csv")]
+    if not any(a.startswith("--text-file") for a in args):
+        argv += ["--text", TEXTS[0]]
+    argv += [a.format(tmp=tmp_path) for a in args]
+    code, printed, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert printed == "" and not (tmp_path / "agreement.csv").exists()
+
+
+def test_no_text_is_one_line(tmp_path, capsys):
+    code, printed, err = run(["compare", "--model", MODEL, "--target", "class:1",
+                              "--out", str(tmp_path / "a.csv")], capsys)
+    assert code == 2 and "no text" in err and err.count("\n") == 1 and printed == ""
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["compare", "--model", MODEL, "--text", "key"], "the following arguments are required: "
+                                                    "--target"),
+    (["compare", "--text", "key", "--target", "class:1", "--n-steps", "0"], "--n-steps"),
+    (["compare", "--text", "key", "--target", "class:1", "--methods", " , "], "--methods"),
+    (["compare", "--text", "key", "--target", "class:1", "--layers", "x"], "--layers"),
+])
+def test_usage_errors_are_one_line(argv, message, capsys):
+    code, printed, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert printed == ""
+
+
+def test_help_shows_the_example(capsys):
+    code, printed, _ = run(["compare", "--help"], capsys)
+    assert code == 0
+    assert "attnprobe compare --model minilm" in printed and "--target" in printed
