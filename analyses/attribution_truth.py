@@ -63,10 +63,9 @@ import torch
 from attnprobe.attribution.comparison import Comparison, compare
 from attnprobe.attribution.targets import Target
 from attnprobe.errors import InputError
-from attnprobe.models import build_reference
 from attnprobe.runs import analysis_main
-from attnprobe.tasks.classification import train_classifier
-from attnprobe.tasks.keytoken import KeyTokenData, make_examples
+from attnprobe.tasks.classification import train_reference_classifiers
+from attnprobe.tasks.keytoken import KeyTokenData
 
 JW_REFERENCE = ("J&W (real data): BiLSTM τ_g 0.07–0.47 (SST 0.34±0.21); average encoder "
                 "SST 0.61±0.20, IMDB 0.67±0.05")
@@ -161,36 +160,31 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     torch.set_num_threads(cfg.num_threads)
     try:
         training, agreement, truth, skipped, jw, truth_summary = [], [], [], [], [], []
-        for t, task in enumerate(cfg.tasks):
-            sizes = {"min_len": cfg.min_len, "max_len": cfg.max_len,
-                     "vocab_words": cfg.vocab_words}
-            train = make_examples(task, cfg.n_train, seed=cfg.seed * 1000 + 10 * t + 1, **sizes)
-            held = make_examples(task, cfg.n_held_out, seed=cfg.seed * 1000 + 10 * t + 2,
-                                 **sizes)
+        for trained in train_reference_classifiers(
+                cfg.tasks, cfg.models, n_train=cfg.n_train, n_held_out=cfg.n_held_out,
+                steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
+                min_len=cfg.min_len, max_len=cfg.max_len, vocab_words=cfg.vocab_words):
+            task, name, model, tok, held = (trained.task, trained.name, trained.model,
+                                            trained.tokenizer, trained.held_out)
             shown = held.select(range(min(cfg.n_explain, len(held))))
-            for name in cfg.models:
-                model, tok = build_reference(name, seed=cfg.seed)
-                result = train_classifier(model, tok, train, steps=cfg.steps,
-                                          batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                                          held_out=held)
-                training.append({"task": task, "model": name, **result})
-                start = time.perf_counter()
-                rows, truth_rows, skip = explain(cfg, model, tok, shown, task, name)
-                training[-1]["explain_seconds"] = time.perf_counter() - start
-                agreement += rows
-                truth += truth_rows
-                skipped += skip
-                if rows:
-                    table = pd.concat(rows, ignore_index=True)
-                    jw += jw_rows(table, task, name, "all")
-                    for label in (0, 1):
-                        part = table[table["label"] == label]
-                        if not part.empty:
-                            jw += jw_rows(part, task, name, str(label))
-                if truth_rows:
-                    frame = pd.concat(truth_rows, ignore_index=True)
-                    summary = Comparison(pd.DataFrame(), frame).truth_summary()
-                    truth_summary.append(summary.assign(task=task, model=name))
+            training.append({"task": task, "model": name, **trained.result})
+            start = time.perf_counter()
+            rows, truth_rows, skip = explain(cfg, model, tok, shown, task, name)
+            training[-1]["explain_seconds"] = time.perf_counter() - start
+            agreement += rows
+            truth += truth_rows
+            skipped += skip
+            if rows:
+                table = pd.concat(rows, ignore_index=True)
+                jw += jw_rows(table, task, name, "all")
+                for label in (0, 1):
+                    part = table[table["label"] == label]
+                    if not part.empty:
+                        jw += jw_rows(part, task, name, str(label))
+            if truth_rows:
+                frame = pd.concat(truth_rows, ignore_index=True)
+                summary = Comparison(pd.DataFrame(), frame).truth_summary()
+                truth_summary.append(summary.assign(task=task, model=name))
     finally:
         torch.set_num_threads(threads)
     first = ["task", "model"]

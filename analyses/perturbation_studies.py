@@ -270,25 +270,20 @@ def measure_name(subject: Subject) -> str:
 
 # ----------------------------------------------------------------------------- training
 def train_subjects(cfg: Config) -> tuple[list[Subject], list[dict]]:
-    from attnprobe.models import build_reference
-    from attnprobe.tasks.classification import train_classifier
-    from attnprobe.tasks.keytoken import make_examples
+    from attnprobe.tasks.classification import train_reference_classifiers
 
     subjects, training = [], []
-    sizes = {"min_len": cfg.min_len, "max_len": cfg.max_len, "vocab_words": cfg.vocab_words}
-    for t, task in enumerate(cfg.tasks):
-        train = make_examples(task, cfg.n_train, seed=cfg.seed * 1000 + 10 * t + 1, **sizes)
-        held = make_examples(task, cfg.n_held_out, seed=cfg.seed * 1000 + 10 * t + 2, **sizes)
-        fit = train.select(range(min(cfg.n_importance, len(train))))
-        for name in cfg.classifiers:
-            model, tok = build_reference(name, seed=cfg.seed)
-            result = train_classifier(model, tok, train, steps=cfg.train_steps,
-                                      batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                                      held_out=held)
-            result.pop("seconds")  # tables hold only what the seed determines
-            training.append({"task": task, "model": name, **result})
-            subjects.append(Subject(name, task, model, tok, "classifier", list(held.texts),
-                                    held.labels, list(fit.texts), fit.labels))
+    for trained in train_reference_classifiers(
+            cfg.tasks, cfg.classifiers, n_train=cfg.n_train, n_held_out=cfg.n_held_out,
+            steps=cfg.train_steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
+            min_len=cfg.min_len, max_len=cfg.max_len, vocab_words=cfg.vocab_words):
+        result, held = dict(trained.result), trained.held_out
+        result.pop("seconds")  # tables hold only what the seed determines
+        training.append({"task": trained.task, "model": trained.name, **result})
+        fit = trained.train.select(range(min(cfg.n_importance, len(trained.train))))
+        subjects.append(Subject(trained.name, trained.task, trained.model, trained.tokenizer,
+                                "classifier", list(held.texts), held.labels, list(fit.texts),
+                                fit.labels))
     return subjects, training
 
 

@@ -10,8 +10,7 @@ norms; ``view_common`` the shared helpers), ``metrics`` (rank and distribution a
 Captum and transformers are imported when a function needs them.
 """
 
-from importlib import import_module
-from typing import Any
+from attnprobe._lazy import lazy_getattr
 
 _LAZY = {
     "compare": "comparison",
@@ -45,11 +44,7 @@ _LAZY = {
     "truth_scores": "metrics",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"attnprobe.attribution.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'attnprobe.attribution' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

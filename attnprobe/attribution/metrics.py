@@ -46,10 +46,14 @@ def _pair(a: Any, b: Any, names: tuple[str, str] = ("a", "b"),
     return x, y
 
 
-def _not_constant(x: np.ndarray, name: str) -> None:
-    if np.all(x == x[0]):
-        raise InputError(f"{name} is constant ({x[0]:.4g} on all {x.size} tokens): it ranks "
-                         "nothing, so a rank correlation is undefined")
+def _ranked_pair(a: Any, b: Any, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """The pair a rank correlation needs: equal lengths, 2+ tokens, neither vector constant."""
+    pair = _pair(a, b, names, min_size=2)
+    for x, name in zip(pair, names, strict=True):
+        if np.all(x == x[0]):
+            raise InputError(f"{name} is constant ({x[0]:.4g} on all {x.size} tokens): it "
+                             "ranks nothing, so a rank correlation is undefined")
+    return pair
 
 
 def kendall_tau(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> tuple[float, float]:
@@ -60,9 +64,7 @@ def kendall_tau(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> tuple
     """
     from scipy.stats import kendalltau
 
-    x, y = _pair(a, b, names, min_size=2)
-    _not_constant(x, names[0])
-    _not_constant(y, names[1])
+    x, y = _ranked_pair(a, b, names)
     res = kendalltau(x, y)
     return float(res.statistic), float(res.pvalue)
 
@@ -75,9 +77,7 @@ def spearman(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> tuple[fl
     """
     from scipy.stats import spearmanr
 
-    x, y = _pair(a, b, names, min_size=2)
-    _not_constant(x, names[0])
-    _not_constant(y, names[1])
+    x, y = _ranked_pair(a, b, names)
     res = spearmanr(x, y)
     # with two tokens scipy's p-value is NaN (no degrees of freedom): report 1 (no evidence)
     p = float(res.pvalue)

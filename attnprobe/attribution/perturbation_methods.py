@@ -26,9 +26,21 @@ def _editable(problem: Problem, method: str) -> list[int]:
     return positions
 
 
+@dataclass(frozen=True)
+class _Batched:
+    """What both methods share: no knob, and ``batch_size`` perturbed copies per forward."""
+
+    name: ClassVar[str]
+    knob: ClassVar[str | None] = None
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        _positive(self.name, batch_size=self.batch_size)
+
+
 @METHODS.register("leave_one_out")
 @dataclass(frozen=True)
-class LeaveOneOut:
+class LeaveOneOut(_Batched):
     """``f(x) − f(x without token i)``, all deletions of a text batched.
 
     Args:
@@ -36,11 +48,6 @@ class LeaveOneOut:
     """
 
     name: ClassVar[str] = "leave_one_out"
-    knob: ClassVar[str | None] = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        _positive(self.name, batch_size=self.batch_size)
 
     def cost(self, n_tokens: int) -> int:
         return n_tokens * (n_tokens - 1)
@@ -54,15 +61,12 @@ class LeaveOneOut:
         keep = torch.ones(len(positions), n, dtype=torch.bool, device=ids.device)
         keep[torch.arange(len(positions)), positions] = False
         variants = ids.expand(len(positions), -1)[keep].view(len(positions), n - 1)
-        values = _with_batch(problem, self.batch_size).evaluate(variants)
-        scores = torch.zeros(n, dtype=values.dtype, device=values.device)
-        scores[positions] = problem.value - values
-        return Explanation(scores)
+        return _output_drops(problem, self.batch_size, positions, variants)
 
 
 @METHODS.register("occlusion")
 @dataclass(frozen=True)
-class Occlusion:
+class Occlusion(_Batched):
     """``f(x) − f(x with token i replaced by [UNK])`` (pad when there is no unk), batched.
 
     Args:
@@ -70,11 +74,6 @@ class Occlusion:
     """
 
     name: ClassVar[str] = "occlusion"
-    knob: ClassVar[str | None] = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        _positive(self.name, batch_size=self.batch_size)
 
     def cost(self, n_tokens: int) -> int:
         return n_tokens * n_tokens
@@ -87,11 +86,14 @@ class Occlusion:
         ids = problem.ids[0]
         variants = ids.repeat(len(positions), 1)  # [k, seq]
         variants[torch.arange(len(positions)), positions] = fill
-        values = _with_batch(problem, self.batch_size).evaluate(variants)
-        scores = torch.zeros(len(ids), dtype=values.dtype, device=values.device)
-        scores[positions] = problem.value - values
-        return Explanation(scores)
+        return _output_drops(problem, self.batch_size, positions, variants)
 
 
-def _with_batch(problem: Problem, batch_size: int) -> Problem:
-    return replace(problem, batch_size=batch_size)
+def _output_drops(problem: Problem, batch_size: int, positions: list[int],
+                  variants: torch.Tensor) -> Explanation:
+    """``f(x) − f(variant)`` at each edited position (``variants[j]`` edits ``positions[j]``),
+    0 elsewhere; the variants run ``batch_size`` rows per forward."""
+    values = replace(problem, batch_size=batch_size).evaluate(variants)
+    scores = torch.zeros(problem.ids.shape[1], dtype=values.dtype, device=values.device)
+    scores[positions] = problem.value - values
+    return Explanation(scores)

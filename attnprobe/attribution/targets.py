@@ -264,14 +264,20 @@ def _no_logits_check(model: nn.Module, spec: str) -> None:
 
 
 # ---------------------------------------------------------------------------- kinds
-@TARGET_KINDS.register("class")
-def _class(argument: str, model: nn.Module, tokenizer: Any) -> Target:
-    index = _integer(argument, f"class:{argument}", "class:1")
-    spec = f"class:{index}"
+def _class_index(kind: str, argument: str, model: nn.Module) -> tuple[int, str]:
+    """The class index of ``kind:argument`` and its spec, checked against the model's head."""
+    index = _integer(argument, f"{kind}:{argument}", f"{kind}:1")
+    spec = f"{kind}:{index}"
     _no_logits_check(model, spec)
     declared = _declared_classes(model)
     if declared is not None:
         _check_class(index, declared)
+    return index, spec
+
+
+@TARGET_KINDS.register("class")
+def _class(argument: str, model: nn.Module, tokenizer: Any) -> Target:
+    index, spec = _class_index("class", argument, model)
 
     def logit(output: Any, inputs: Inputs) -> torch.Tensor:
         return _class_logits(output, spec, index)[:, index]
@@ -281,12 +287,7 @@ def _class(argument: str, model: nn.Module, tokenizer: Any) -> Target:
 
 @TARGET_KINDS.register("prob")
 def _prob(argument: str, model: nn.Module, tokenizer: Any) -> Target:
-    index = _integer(argument, f"prob:{argument}", "prob:1")
-    spec = f"prob:{index}"
-    _no_logits_check(model, spec)
-    declared = _declared_classes(model)
-    if declared is not None:
-        _check_class(index, declared)
+    index, spec = _class_index("prob", argument, model)
 
     def probability(output: Any, inputs: Inputs) -> torch.Tensor:
         return torch.softmax(_class_logits(output, spec, index), dim=-1)[:, index]

@@ -4,9 +4,7 @@
 itself uses the reducers here), so they are imported on first use.
 """
 
-from importlib import import_module
-from typing import Any
-
+from attnprobe._lazy import lazy_getattr
 from attnprobe.heads.census_stats import CensusStats, token_classes
 from attnprobe.heads.labels import PRECEDENCE, Thresholds, classify_scores, layer_profile
 from attnprobe.heads.reducers import (
@@ -26,18 +24,14 @@ from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words
 
 _LAZY = {
-    "census": "attnprobe.heads.head_census",
-    "Census": "attnprobe.heads.head_census",
-    "repeated_token_scores": "attnprobe.heads.probe",
-    "HeadDistances": "attnprobe.heads.similarity",
-    "cluster_heads": "attnprobe.heads.similarity",
+    "census": "head_census",
+    "Census": "head_census",
+    "repeated_token_scores": "probe",
+    "HeadDistances": "similarity",
+    "cluster_heads": "similarity",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'attnprobe.heads' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -11,8 +11,7 @@ compares the model's outputs, ``job`` holds what every experiment shares, ``sear
 erase, adversarial and importance experiments).
 """
 
-from importlib import import_module
-from typing import Any
+from attnprobe._lazy import lazy_getattr
 
 _LAZY = {
     "run": "experiments",
@@ -46,11 +45,7 @@ _LAZY = {
     "similarity_loss": "importance",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f"attnprobe.perturb.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'attnprobe.perturb' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

@@ -8,14 +8,15 @@ The model is any ``forward(input_ids, attention_mask) -> logits [batch, classes]
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnprobe.errors import InputError
-from attnprobe.tasks.keytoken import KeyTokenData
+from attnprobe.tasks.keytoken import KeyTokenData, make_examples
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,3 +97,44 @@ def train_classifier(model: nn.Module, tokenizer: Any, data: KeyTokenData, *,
             "held_out_accuracy": None if held_out is None else accuracy(model, tokenizer,
                                                                         held_out),
             "final_loss": sum(tail) / len(tail), "steps": steps, "seconds": seconds}
+
+
+class TrainedClassifier(NamedTuple):
+    """One reference classifier trained on one key-token task by
+    :func:`train_reference_classifiers`."""
+
+    task: str
+    name: str
+    model: nn.Module
+    tokenizer: Any
+    train: KeyTokenData
+    held_out: KeyTokenData
+    result: dict[str, Any]
+
+
+def train_reference_classifiers(tasks: Sequence[str], models: Sequence[str], *, n_train: int,
+                                n_held_out: int, steps: int, batch_size: int, lr: float,
+                                seed: int, min_len: int, max_len: int, vocab_words: int
+                                ) -> Iterator[TrainedClassifier]:
+    """Train every reference model in ``models`` on every key-token task in ``tasks``.
+
+    The analyses' shared recipe: task number ``t`` draws ``n_train`` training and
+    ``n_held_out`` held-out examples (:func:`~attnprobe.tasks.keytoken.make_examples`, seeds
+    ``seed * 1000 + 10 * t + 1`` and ``+ 2``); each model is built by
+    :func:`~attnprobe.models.build_reference` with ``seed`` and trained by
+    :func:`train_classifier` (``result`` is its dictionary, held-out accuracy included).
+
+    A generator, task by task and model by model: each model is built and trained only when
+    the caller asks for the next one.
+    """
+    from attnprobe.models import build_reference
+
+    sizes = {"min_len": min_len, "max_len": max_len, "vocab_words": vocab_words}
+    for t, task in enumerate(tasks):
+        train = make_examples(task, n_train, seed=seed * 1000 + 10 * t + 1, **sizes)
+        held = make_examples(task, n_held_out, seed=seed * 1000 + 10 * t + 2, **sizes)
+        for name in models:
+            model, tok = build_reference(name, seed=seed)
+            result = train_classifier(model, tok, train, steps=steps, batch_size=batch_size,
+                                      lr=lr, seed=seed, held_out=held)
+            yield TrainedClassifier(task, name, model, tok, train, held, result)

@@ -10,6 +10,7 @@ import transformers
 import attnprobe as ap
 from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, compare
 from attnprobe.cli import main
+from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
 
 MODEL = "ref:transformer-classifier"  # untrained, 2 classes, key-token vocabulary
 TEXTS = ["key cat the dog red", "a big tree and the sun"]
@@ -74,13 +75,10 @@ def test_layers_query_and_steps(tmp_path, capsys):
 
 
 def test_file_of_texts_and_a_similarity_target_on_a_saved_bert(tmp_path, capsys):
-    words = "the cat sat on a mat dog ran big red".split()
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
-    tok = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    vocab = bert_vocab()
+    tok = bert_tokenizer(vocab)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=64, initializer_range=0.3)
+    config = tiny_bert_config(vocab)
     folder = tmp_path / "bert"
     transformers.BertModel(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)

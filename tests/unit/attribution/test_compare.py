@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import transformers
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import kendalltau, spearmanr
 from torch import nn
@@ -24,6 +23,7 @@ from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.tasks.classification import train_classifier
 from attnprobe.tasks.keytoken import make_examples
 from tests.conftest import track
+from tests.helpers import tiny_bert_classifier
 
 METRICS = ("kendall_tau", "spearman", "topk_overlap", "jsd")
 RANK_METRICS = ("kendall_tau", "spearman")
@@ -305,18 +305,9 @@ def test_tokens_of_views_and_methods_agree(trained):
 
 
 # ---------------------------------------------------------------------------- tiny BERT
-WORDS = "the cat sat on a mat dog ran big red".split()
-
-
 @pytest.fixture
 def bert():
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tok = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=64, num_labels=2, initializer_range=0.3)
-    return track(transformers.BertForSequenceClassification(config).eval()), tok
+    return tiny_bert_classifier()
 
 
 def test_every_row_is_scipys_value_on_the_non_special_tokens(bert):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 from torch import nn
 
 from attnprobe.attribution.methods import (
@@ -20,6 +19,7 @@ from attnprobe.capture import count_hooks
 from attnprobe.errors import InputError
 from attnprobe.models.tokenizer import WordTokenizer
 from tests.conftest import track
+from tests.helpers import tiny_bert_classifier
 
 TEXT = "the cat saw the dog and the bird"  # 'the' three times
 
@@ -153,18 +153,9 @@ def test_gradient_shap_is_seeded_and_leaves_global_rng_alone(bag):
 
 
 # ---------------------------------------------------------------------------- tiny BERT
-WORDS = "the cat sat on a mat dog ran big red".split()
-
-
 @pytest.fixture
 def bert():
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tok = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=64, num_labels=2, initializer_range=0.3)
-    return track(transformers.BertForSequenceClassification(config).eval()), tok
+    return tiny_bert_classifier()
 
 
 def test_bert_integrated_gradients_converges_and_chunks_exactly(bert):

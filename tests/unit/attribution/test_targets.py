@@ -11,18 +11,14 @@ import attnprobe
 from attnprobe.attribution.targets import TARGET_KINDS, Target, parse_target
 from attnprobe.errors import InputError
 from tests.conftest import track
-
-WORDS = "the cat sat on a mat dog ran big red".split()
+from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
 
 
 def tiny_bert(head: bool, num_labels: int = 2):
     """A 2-layer random BERT (eval) with a word-piece tokenizer; ``head``: a classifier."""
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    config = transformers.BertConfig(
-        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=64, num_labels=num_labels,
-        initializer_range=0.3)
+    vocab = bert_vocab()
+    tokenizer = bert_tokenizer(vocab)
+    config = tiny_bert_config(vocab, num_labels=num_labels)
     cls = transformers.BertForSequenceClassification if head else transformers.BertModel
     return track(cls(config).eval()), tokenizer
 

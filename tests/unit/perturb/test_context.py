@@ -18,25 +18,21 @@ from attnprobe.errors import (
 from attnprobe.models import build_reference
 from attnprobe.perturb.context import head_output_means, perturbed
 from attnprobe.perturb.interventions import Dirichlet, Erase, Mean, Permute, Scope, Uniform, Zero
+from tests import helpers
 from tests.conftest import track
+from tests.helpers import bert_tokenizer, bert_vocab
 
-WORDS = "the cat sat on mat a dog ran".split()
-VOCAB = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+VOCAB = bert_vocab("the cat sat on mat a dog ran")
 TEXTS = ["the cat sat on the mat", "a dog ran"]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return transformers.BertTokenizerFast(vocab=VOCAB, do_lower_case=True)
+    return bert_tokenizer(VOCAB)
 
 
 def tiny_bert(implementation: str = "sdpa") -> transformers.BertModel:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=64, initializer_range=0.3,
-        attn_implementation=implementation)
-    return track(transformers.BertModel(config).eval())
+    return helpers.tiny_bert(VOCAB, implementation)
 
 
 def tiny_gpt2() -> transformers.GPT2Model:

@@ -1,0 +1,43 @@
+"""Tiny random transformers models shared by the unit tests (2 layers, 2 heads, width 16)."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from tests.conftest import track
+
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BERT_WORDS = "the cat sat on a mat dog ran big red"
+
+
+def bert_vocab(words: str = BERT_WORDS) -> dict[str, int]:
+    """The word-piece vocabulary: BERT's special tokens, then ``words`` (space separated)."""
+    return {t: i for i, t in enumerate([*SPECIALS, *words.split()])}
+
+
+def bert_tokenizer(vocab: dict[str, int]) -> transformers.BertTokenizerFast:
+    return transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+
+
+def tiny_bert_config(vocab: dict[str, int], **kw) -> transformers.BertConfig:
+    return transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=64, initializer_range=0.3, **kw)
+
+
+def tiny_bert(vocab: dict[str, int], implementation: str = "sdpa") -> transformers.BertModel:
+    """A seeded random ``BertModel`` (eval, tracked for left-over hooks)."""
+    torch.manual_seed(0)
+    config = tiny_bert_config(vocab, attn_implementation=implementation)
+    return track(transformers.BertModel(config).eval())
+
+
+def tiny_bert_classifier(words: str = BERT_WORDS):
+    """A seeded random 2-class ``BertForSequenceClassification`` (eval, tracked) and its
+    tokenizer."""
+    vocab = bert_vocab(words)
+    tok = bert_tokenizer(vocab)
+    torch.manual_seed(0)
+    config = tiny_bert_config(vocab, num_labels=2)
+    return track(transformers.BertForSequenceClassification(config).eval()), tok
