@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from attnprobe.capture import hf, hooks
+from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.info import model_info
-from attnprobe.capture.recorder import BatchPatterns, EditFn, Recorder, StopForward
+from attnprobe.capture.recorder import EditFn, Recorder
 from attnprobe.capture.sites import Site
 from attnprobe.errors import InputError
 from attnprobe.heads.reducers import Reducer, Tally

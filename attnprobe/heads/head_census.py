@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
-from attnprobe.capture.recorder import BatchPatterns, positions
+from attnprobe.capture.calls import BatchPatterns, positions
 from attnprobe.errors import InputError
 from attnprobe.extraction import _model_inputs, check_texts, max_length_of
 from attnprobe.heads import labels

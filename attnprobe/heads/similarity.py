@@ -20,7 +20,7 @@ from attnprobe.errors import InputError
 from attnprobe.types import head_id
 
 if TYPE_CHECKING:  # the capture package imports heads; avoid the cycle at run time
-    from attnprobe.capture.recorder import BatchPatterns
+    from attnprobe.capture.calls import BatchPatterns
 
 SMOOTHING = 0.001
 # Pairwise work is done on chunks of about this many float32 elements.

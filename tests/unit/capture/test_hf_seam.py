@@ -158,7 +158,7 @@ def test_stop_early_ends_the_forward_after_the_last_requested_layer(bert):
 
 
 def test_stop_forward_is_not_swallowed_without_stop_early(bert):
-    from attnprobe.capture.recorder import StopForward
+    from attnprobe.capture.calls import StopForward
 
     with pytest.raises(StopForward), ap.capture(bert):
         raise StopForward

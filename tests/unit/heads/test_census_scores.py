@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture.recorder import BatchPatterns, positions
+from attnprobe.capture.calls import BatchPatterns, positions
 from attnprobe.heads import CensusStats, HeadDistances, RowBlock, Tally
 from attnprobe.heads.scores import offset_table, wide_scores
 from attnprobe.heads.similarity import pairwise_js

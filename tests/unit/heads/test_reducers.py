@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from attnprobe.capture.recorder import positions
+from attnprobe.capture.calls import positions
 from attnprobe.heads import Entropy, KeyMass, MaxWeight, OffsetMass, RowBlock, Tally
 
 
