@@ -49,6 +49,7 @@ __all__ = [
     "load_maps",
     "load_model",
     "perturb",
+    "report",
     "save_maps",
 ]
 
@@ -59,7 +60,7 @@ def __getattr__(name: str):
         from attnprobe import extraction
 
         return getattr(extraction, name)
-    if name in ("attribution", "perturb"):
+    if name in ("attribution", "perturb", "report"):
         import importlib
 
         return importlib.import_module(f"attnprobe.{name}")
