@@ -17,6 +17,8 @@ demo: setup
 		--out runs/demo/maps.npz --show 80
 	$(VENV)/bin/attnprobe heads --model minilm --text-file analyses/data/census_sentences.txt \
 		--out runs/demo/heads.csv --profile runs/demo/layers.csv --quiet
+	$(VENV)/bin/attnprobe report --model minilm --text-file analyses/data/census_sentences.txt \
+		--syntax --out runs/demo/report.html --quiet
 
 test: setup
 	$(PY) -m pytest -q

@@ -1,4 +1,4 @@
-"""The ``attnprobe`` command: ``models``, ``extract``, ``heads``, ``syntax``, ``compare``.
+"""The ``attnprobe`` command: models, extract, heads, syntax, compare, perturb, report.
 
 Every command exits non-zero with a one-line message on bad input. Commands beyond
 ``models`` and ``extract`` live in :mod:`attnprobe.commands`, one module per family.
@@ -16,6 +16,7 @@ import pandas as pd
 from attnprobe.commands import census as census_commands
 from attnprobe.commands import compare as compare_commands
 from attnprobe.commands import perturb as perturb_commands
+from attnprobe.commands import report as report_commands
 from attnprobe.commands.common import (
     TABLE_SUFFIXES,
     Parser,
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     extract.set_defaults(run=cmd_extract)
     census_commands.register(sub)
     compare_commands.register(sub)
+    report_commands.register(sub)
     perturb_commands.register(sub)
 
     return parser

@@ -1,0 +1,64 @@
+"""``attnprobe report``: one self-contained HTML page from the embedded default (or any) model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnprobe.commands.common import positive, text_args, texts_from_args
+from attnprobe.errors import AttnProbeError
+
+REPORT_EXAMPLE = """examples:
+  attnprobe report --model minilm --text-file analyses/data/census_sentences.txt --syntax \\
+      --out report.html
+  attnprobe report --text "The cat sat on the mat." --text "A dog barked." --out r.html
+
+The page holds the model card, every head's label and scores (head grid, layer profile,
+clusters), an interactive attention view of the first --view-texts texts, and the syntax
+table with --syntax. It needs no network: open it from disk.
+"""
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnprobe.extraction import extract
+    from attnprobe.heads.head_census import census
+    from attnprobe.loading import load_model
+    from attnprobe.report import build
+
+    out = Path(args.out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise AttnProbeError(f"--out must end in .html; got {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    texts = texts_from_args(args)
+    model, tokenizer = load_model(args.model)
+    result = census(model, tokenizer, texts, syntax=args.syntax, batch_size=args.batch_size,
+                    on_long="skip" if args.skip_long else "error", progress=not args.quiet)
+    maps = extract(model, tokenizer, texts[:args.view_texts], truncation=True)
+    page = build(maps=maps, census=result, syntax=result.syntax() if args.syntax else None,
+                 title=args.title)
+    page.save(out)
+    if not args.quiet:
+        print(f"wrote {page.size_bytes / 1e6:.2f} MB to {out}", file=sys.stderr)
+    print(f"{result.n_sentences} sentences, {len(maps)} in the attention view: {out}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``report`` to the ``attnprobe`` sub-command parsers."""
+    parser = sub.add_parser("report", help="one self-contained HTML page: heads, labels, "
+                                           "attention view", epilog=REPORT_EXAMPLE,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    text_args(parser)
+    parser.add_argument("--out", default="report.html", help="the page (default report.html)")
+    parser.add_argument("--syntax", action="store_true",
+                        help="parse the texts with spaCy: syntax scores and table")
+    parser.add_argument("--view-texts", type=positive, default=3,
+                        help="texts shown in the attention view (default 3)")
+    parser.add_argument("--batch-size", type=positive, default=32, help="census batch size")
+    parser.add_argument("--skip-long", action="store_true",
+                        help="leave out texts longer than the model allows")
+    parser.add_argument("--title", default="attnprobe report", help="page title")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.set_defaults(run=cmd_report)

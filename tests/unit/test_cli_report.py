@@ -1,0 +1,29 @@
+"""``attnprobe report``: one self-contained page, one-line errors."""
+
+import re
+
+from attnprobe.cli import main
+
+
+def test_report_writes_a_self_contained_page(tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The cat sat on the mat.\nA <b>bold</b> dog barked.\n", encoding="utf-8")
+    out = tmp_path / "page" / "report.html"
+    assert main(["report", "--text-file", str(texts), "--out", str(out), "--quiet",
+                 "--view-texts", "2"]) == 0
+    assert "2 sentences, 2 in the attention view" in capsys.readouterr().out
+    page = out.read_text(encoding="utf-8")
+    assert page.lstrip().lower().startswith("<!doctype html")
+    assert not re.search(r"https?:", page)  # nothing to fetch: opens from disk offline
+    # the tokens "<", "b", ">" are data, never markup: escaped in the page and in its JSON
+    assert "< b >" not in page and "&lt; b &gt;" in page and "\\u003c" in page
+    assert len(re.findall(r"<script\b", page)) == 2  # the data block and our program
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    assert main(["report", "--text", "hi", "--out", str(tmp_path / "r.csv")]) == 2
+    assert main(["report", "--text-file", str(empty), "--out", str(tmp_path / "r.html")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all(e.startswith("attnprobe: error:") for e in errors)
