@@ -1,0 +1,87 @@
+"""The report in a real browser: headless Chromium opens it from disk, nothing is fetched,
+nothing logs an error, an injected token runs nothing, and the attention view follows the
+head selector and the mouse. Skipped (with the reason) only where Chromium is absent;
+``.ci/run`` installs the Debian packages ``chromium`` and ``chromium-driver``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnprobe as ap
+from attnprobe.types import AttentionMap, ModelInfo
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) missing")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                                reason="Chromium or ChromeDriver not installed (Debian "
+                                       "packages chromium and chromium-driver)")
+TOKENS = ("[CLS]", "the", "<script>alert(1)</script>", "cat", "sat", "[SEP]")
+
+
+def _report(tmp_path: Path) -> Path:
+    """Head 0 attends each token to itself, head 1 uniformly to all 6."""
+    n = len(TOKENS)
+    pattern = torch.stack([torch.eye(n), torch.full((n, n), 1 / n)])[None]  # [1, 2, n, n]
+    info = ModelInfo(name="toy", arch="toy", n_layers=1, n_heads=2, causal=False)
+    amap = AttentionMap(pattern=pattern, query_tokens=TOKENS, key_tokens=TOKENS, layers=(0,),
+                        info=info, example_id="<b>x</b>")
+    return ap.report.build(maps=[amap], title="<i>report</i>").save(tmp_path / "report.html")
+
+
+@pytest.fixture
+def browser():
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--window-size=1200,900"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _lines(driver) -> int:
+    return len(driver.find_elements("css selector", "#ap-view svg.lines line"))
+
+
+def test_report_opens_offline_and_the_view_reacts(browser, tmp_path):
+    import json
+
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    page = _report(tmp_path)
+    browser.get(page.as_uri())
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - the injected token must not have run
+    assert browser.title == "<i>report</i>"  # shown as text
+    tokens = [t.text for t in browser.find_elements("css selector", "#ap-view .left .tok")]
+    assert tokens == list(TOKENS)
+
+    n = len(TOKENS)
+    assert _lines(browser) == n  # head 0: one line per token, to itself
+    Select(browser.find_element("css selector", ".sel-head")).select_by_index(1)
+    assert _lines(browser) == n * n  # head 1: every pair at 1/6
+    ActionChains(browser).move_to_element(
+        browser.find_elements("css selector", "#ap-view .left .tok")[3]).perform()
+    assert _lines(browser) == n  # hovering a query shows only its row
+    shot = tmp_path / "report.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 1000
+
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+    requests = [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
+    fetched = [m["params"]["request"]["url"] for m in requests
+               if m["method"] == "Network.requestWillBeSent"]
+    assert fetched and all(url.startswith(("file:", "data:")) for url in fetched), fetched
