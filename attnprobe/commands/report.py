@@ -14,10 +14,13 @@ REPORT_EXAMPLE = """examples:
   attnprobe report --model minilm --text-file analyses/data/census_sentences.txt --syntax \\
       --out report.html
   attnprobe report --text "The cat sat on the mat." --text "A dog barked." --out r.html
+  attnprobe report --text-file s.txt --target "similarity:A cat." --perturb uniform \
+      --scope layer:0 --out r.html
 
 The page holds the model card, every head's label and scores (head grid, layer profile,
-clusters), an interactive attention view of the first --view-texts texts, and the syntax
-table with --syntax. It needs no network: open it from disk.
+clusters), an interactive attention view of the first --view-texts texts, the syntax table
+with --syntax, attention vs attributions with --target and a perturbation table with
+--perturb. It needs no network: open it from disk.
 """
 
 
@@ -35,9 +38,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model)
     result = census(model, tokenizer, texts, syntax=args.syntax, batch_size=args.batch_size,
                     on_long="skip" if args.skip_long else "error", progress=not args.quiet)
-    maps = extract(model, tokenizer, texts[:args.view_texts], truncation=True)
+    shown = texts[:args.view_texts]
+    maps = extract(model, tokenizer, shown, truncation=True)
+    comparison = perturbation = None
+    if args.target:
+        from attnprobe.attribution.comparison import compare
+
+        comparison = compare(model, tokenizer, shown, args.target,
+                             methods=["integrated_gradients", "saliency", "leave_one_out"],
+                             views=["raw", "rollout"], n_steps=args.n_steps)
+    if args.perturb:
+        from attnprobe.perturb.experiments import run
+
+        perturbation = run(model, tokenizer, shown, args.perturb, scope=args.scope,
+                           target=args.target)
     page = build(maps=maps, census=result, syntax=result.syntax() if args.syntax else None,
-                 title=args.title)
+                 comparison=comparison, perturbation=perturbation, title=args.title)
     page.save(out)
     if not args.quiet:
         print(f"wrote {page.size_bytes / 1e6:.2f} MB to {out}", file=sys.stderr)
@@ -59,6 +75,16 @@ def register(sub: Any) -> None:
     parser.add_argument("--batch-size", type=positive, default=32, help="census batch size")
     parser.add_argument("--skip-long", action="store_true",
                         help="leave out texts longer than the model allows")
+    parser.add_argument("--target",
+                        help="also compare attention with attributions on the shown texts "
+                             "(class:K, next-token, similarity:TEXT ...)")
+    parser.add_argument("--n-steps", type=positive, default=20,
+                        help="Integrated Gradients steps for --target (default 20)")
+    parser.add_argument("--perturb", metavar="EXPERIMENT",
+                        help="also run a perturbation experiment on the shown texts "
+                             "(uniform, ablate, permute, ...)")
+    parser.add_argument("--scope", default="all",
+                        help="heads --perturb touches: all, layer:3, head:3.5 (default all)")
     parser.add_argument("--title", default="attnprobe report", help="page title")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(run=cmd_report)

@@ -27,3 +27,18 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert main(["report", "--text-file", str(empty), "--out", str(tmp_path / "r.html")]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and all(e.startswith("attnprobe: error:") for e in errors)
+
+
+def test_report_with_attributions_and_a_perturbation(tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert main(["report", "--text", "The cat chased a small mouse.", "--text",
+                 "A dog barked at the old man.", "--target", "similarity:A pet.",
+                 "--n-steps", "5", "--perturb", "uniform", "--scope", "layer:0",
+                 "--out", str(out), "--quiet"]) == 0
+    page = out.read_text(encoding="utf-8")
+    for section in ("sec-model", "sec-heads", "sec-attention", "sec-comparison",
+                    "sec-perturbation"):
+        assert f'id="{section}"' in page, section
+    assert "kendall_tau" in page and "uniform" in page
+    assert main(["report", "--text", "hi there", "--perturb", "bogus",
+                 "--out", str(tmp_path / "r.html")]) == 2
