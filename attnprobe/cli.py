@@ -70,6 +70,11 @@ def cmd_extract(args: argparse.Namespace) -> int:
         write_table(pd.concat([m.to_frame() for m in maps], ignore_index=True), out)
     else:
         save_maps(maps, out)
+    if args.bertviz:
+        from attnprobe.report.bertviz import save_bertviz
+
+        save_bertviz(maps, args.bertviz)
+        print(f"wrote BertViz data for {len(maps)} maps to {args.bertviz}", file=sys.stderr)
     print(f"wrote {len(maps)} maps for {len(texts)} texts to {out}", file=sys.stderr)
     return 0
 
@@ -92,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     text_args(extract)
     extract.add_argument("--out", default="maps.npz",
                          help="maps.npz (+ .json sidecar), or a tidy table .csv/.parquet/.json")
+    extract.add_argument("--bertviz", metavar="PATH",
+                         help="also write the maps as BertViz JSON (attnprobe.report.bertviz)")
     extract.add_argument("--layers", type=int_list, help="model layer indices, e.g. 0,2 or 0-3")
     extract.add_argument("--heads", type=int_list, help="head indices, e.g. 0,8")
     extract.add_argument("--batch-size", type=non_negative, default=16)
