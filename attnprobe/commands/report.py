@@ -14,6 +14,7 @@ REPORT_EXAMPLE = """examples:
   attnprobe report --model minilm --text-file analyses/data/census_sentences.txt --syntax \\
       --out report.html
   attnprobe report --text "The cat sat on the mat." --text "A dog barked." --out r.html
+  attnprobe report --maps maps.npz --out r.html          # maps from attnprobe extract
   attnprobe report --text-file s.txt --target "similarity:A cat." --perturb uniform \
       --scope layer:0 --out r.html
 
@@ -34,6 +35,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".html", ".htm"):
         raise AttnProbeError(f"--out must end in .html; got {args.out}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.maps:  # maps saved by `attnprobe extract --out maps.npz`: no model needed
+        from attnprobe.report import report_from_maps
+
+        if args.text or args.text_file:
+            raise AttnProbeError("--maps cannot be combined with --text/--text-file")
+        page = report_from_maps(args.maps, title=args.title)
+        page.save(out)
+        print(f"attention view of the maps in {args.maps}: {out}")
+        return 0
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
     result = census(model, tokenizer, texts, syntax=args.syntax, batch_size=args.batch_size,
@@ -85,6 +95,8 @@ def register(sub: Any) -> None:
                              "(uniform, ablate, permute, ...)")
     parser.add_argument("--scope", default="all",
                         help="heads --perturb touches: all, layer:3, head:3.5 (default all)")
+    parser.add_argument("--maps", help="build from maps saved by `attnprobe extract --out "
+                                       "maps.npz` instead of running a model")
     parser.add_argument("--title", default="attnprobe report", help="page title")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(run=cmd_report)

@@ -112,7 +112,8 @@ def _frame(value: Any, what: str) -> pd.DataFrame:
 def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: Any = None,
           syntax: pd.DataFrame | None = None, comparison: Any = None,
           perturbation: pd.DataFrame | None = None, title: str = "attnprobe report",
-          info: ModelInfo | None = None) -> Report:
+          info: ModelInfo | None = None,
+          tables: Sequence[tuple[str, str, pd.DataFrame]] = ()) -> Report:
     """Render the report.
 
     Args:
@@ -123,6 +124,8 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
         comparison: an attribution ``Comparison`` or its summary DataFrame.
         perturbation: a perturbation ``run()`` DataFrame.
         info: model info for the card when there are no maps (else ``maps[0].info``).
+        tables: more sections, ``(key, heading, table)`` each (id ``sec-<key>``); empty or
+            missing tables are left out.
 
     Returns:
         :class:`Report` with the HTML text.
@@ -135,7 +138,7 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
     if info is None and maps:
         info = maps[0].info
     if info is None and not maps and census is None and syntax is None and comparison is None \
-            and perturbation is None:
+            and perturbation is None and not tables:
         raise InputError("nothing to report: pass maps, census, syntax, comparison or "
                          "perturbation")
     sections = [_section("model", "Model", _model_card(info, maps))]
@@ -158,6 +161,9 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
     if perturbation is not None:
         sections.append(_section("perturbation", "Perturbation",
                                  table_html(_frame(perturbation, "perturbation"))))
+    for key, heading, frame in tables:
+        if frame is not None and not frame.empty:
+            sections.append(_section(key, heading, table_html(frame)))
     scripts = ""
     if maps:
         scripts = data.script_json(data.pack_maps(maps), MAPS_ID) + f"<script>{assets.JS}</script>"

@@ -42,3 +42,13 @@ def test_report_with_attributions_and_a_perturbation(tmp_path, capsys):
     assert "kendall_tau" in page and "uniform" in page
     assert main(["report", "--text", "hi there", "--perturb", "bogus",
                  "--out", str(tmp_path / "r.html")]) == 2
+
+
+def test_report_from_saved_maps(tmp_path, capsys):
+    maps = tmp_path / "maps.npz"
+    assert main(["extract", "--text", "The cat sat.", "--out", str(maps)]) == 0
+    out = tmp_path / "from_maps.html"
+    assert main(["report", "--maps", str(maps), "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert 'id="sec-attention"' in page and "cat" in page
+    assert main(["report", "--maps", str(maps), "--text", "x", "--out", str(out)]) == 2
