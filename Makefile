@@ -24,7 +24,7 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check attnprobe analyses tests
+	$(VENV)/bin/ruff check attnprobe analyses reports tests
 
 bench: setup
 	$(PY) analyses/bench_capture.py
