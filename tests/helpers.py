@@ -41,3 +41,15 @@ def tiny_bert_classifier(words: str = BERT_WORDS):
     torch.manual_seed(0)
     config = tiny_bert_config(vocab, num_labels=2)
     return track(transformers.BertForSequenceClassification(config).eval()), tok
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """``attnprobe`` with ``argv``: exit code (argparse's own exits included), stdout, stderr."""
+    from attnprobe.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse exits by itself
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

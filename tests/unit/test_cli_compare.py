@@ -9,8 +9,8 @@ import transformers
 
 import attnprobe as ap
 from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, compare
-from attnprobe.cli import main
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
+from tests.helpers import run_cli as run
 
 MODEL = "ref:transformer-classifier"  # untrained, 2 classes, key-token vocabulary
 TEXTS = ["key cat the dog red", "a big tree and the sun"]
@@ -18,13 +18,6 @@ SUMMARY_COLUMNS = ["source_kind", "view", "layer", "source", "method", "metric",
                    "n", "frac_significant"]
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse exits by itself
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def base(tmp_path, *extra: str) -> list[str]:

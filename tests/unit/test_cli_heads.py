@@ -10,9 +10,10 @@ import pytest
 import torch
 import transformers
 
-from attnprobe.cli import distributed_group, main
+from attnprobe.cli import distributed_group
 from attnprobe.heads.labels import PRECEDENCE
 from attnprobe.heads.trees import parse
+from tests.helpers import run_cli as run
 
 N_LAYERS, N_HEADS = 2, 2
 WORDS = ("the cat chased a small mouse . we do n't see it in house sue bought apples and john "
@@ -88,13 +89,6 @@ def conllu(tmp_path):
     return path
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse exits by itself
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def printed_label_counts(out: str) -> dict[str, int]:

@@ -7,20 +7,13 @@ import json
 import pandas as pd
 import pytest
 
-from attnprobe.cli import main
 from attnprobe.perturb.experiments import RUN_COLUMNS
+from tests.helpers import run_cli as run
 
 CLASSIFIER = ["--model", "ref:transformer-classifier"]
 TEXTS = ["--text", "the cat sat on the red mat", "--text", "a dog ran to the tree"]
 
 
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse exits by itself
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_uniform_writes_a_csv_with_run_columns_and_prints_a_summary(tmp_path, capsys):
