@@ -52,10 +52,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main
 
 import attnprobe
 from attnprobe.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnprobe.runs import analysis_main
 from attnprobe.tasks.metrics import alignment_accuracy, attention_aer, gold_mass
 from attnprobe.tasks.synthetic import TaskBatch, make_batch
 from attnprobe.tasks.training import decode_scores, train_seq2seq

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 from attnprobe.models.attention import MultiHeadAttention
 from attnprobe.models.linear_attention import LinearAttention
 from attnprobe.models.rnn_attention import AdditiveScore, DotScore, GeneralScore
 from attnprobe.models.sparse import SlidingWindowAttention
-from attnprobe.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 SEED_CLAIM = "Luong dot scoring 1.5–2× faster than Bahdanau additive (seeds)"
 

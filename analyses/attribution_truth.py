@@ -59,11 +59,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main
 
 from attnprobe.attribution.comparison import Comparison, compare
 from attnprobe.attribution.targets import Target
 from attnprobe.errors import InputError
-from attnprobe.runs import analysis_main
 from attnprobe.tasks.classification import train_reference_classifiers
 from attnprobe.tasks.keytoken import KeyTokenData
 

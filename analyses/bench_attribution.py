@@ -28,14 +28,14 @@ from typing import Any
 
 import pandas as pd
 import torch
+from harness.benchmarking import Outcome, interleaved, timing_table
+from harness.runs import analysis_main
 
 import attnprobe
-from attnprobe._optional import require
 from attnprobe.attribution.methods import attribute, embedding_layer
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.benchmarking import Outcome, interleaved, timing_table
-from attnprobe.extraction import encode
-from attnprobe.runs import analysis_main
+from attnprobe.capture.text import encode
+from attnprobe.core.optional import require
 
 DATA = Path(__file__).resolve().parent / "data"
 

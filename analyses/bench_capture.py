@@ -38,9 +38,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-
-import attnprobe
-from attnprobe.benchmarking import (
+from harness.benchmarking import (
     TIMED_S,
     Contender,
     FromDict,
@@ -52,8 +50,7 @@ from attnprobe.benchmarking import (
     timing_table,
     with_result,
 )
-from attnprobe.heads import Entropy
-from attnprobe.runs import (
+from harness.runs import (
     memory_status_kib,
     print_tables,
     provenance,
@@ -61,6 +58,9 @@ from attnprobe.runs import (
     run_dir,
     write_run,
 )
+
+import attnprobe
+from attnprobe.heads import Entropy
 
 CHILD_FLAG = "--_memory-child"  # hidden: run one memory measurement and print JSON
 MODES = ("streaming", "full", "plain")  # plain: the SDPA forward alone, for reference

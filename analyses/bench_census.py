@@ -6,7 +6,7 @@ Two measurements, each side by side in one run:
    The baseline is a bare forward pass of the model as loaded (SDPA) under
    ``torch.no_grad()``, over *the same batches the census runs*: sentences sorted by length,
    ``batch_size`` per batch, each encoded from its pre-split words exactly as the census
-   encodes it (``attnprobe.heads.head_census._items/_batches/_encode``). Both sides
+   encodes it (``attnprobe.heads.census_batches.plan_batches``). Both sides
    tokenize inside the timing: a forward pass over sentences starts from their text.
    The contender is the full census given pre-parsed trees: every streaming score,
    head distances (Jensen–Shannon), the repeated-token probe and the syntax counts, followed
@@ -51,9 +51,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-
-import attnprobe
-from attnprobe.benchmarking import (
+from harness.benchmarking import (
     Contender,
     FromDict,
     interleaved,
@@ -61,12 +59,13 @@ from attnprobe.benchmarking import (
     run_json_child,
     timing_table,
 )
-from attnprobe.extraction import _model_inputs
+from harness.runs import analysis_main, memory_status_kib, reset_peak_rss
+
+import attnprobe
 from attnprobe.heads import census, parse
-from attnprobe.heads.head_census import _batches, _encode, _items
+from attnprobe.heads.census_batches import plan_batches
 from attnprobe.heads.scores import census_reducers, wide_scores
 from attnprobe.heads.trees import default_pipeline
-from attnprobe.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 DATA = Path(__file__).resolve().parent / "data"
 CHILD_FLAG = "--_memory-child"  # hidden: one memory measurement in a fresh process, prints JSON
@@ -142,9 +141,8 @@ def _census_cost(cfg: Config) -> dict[str, pd.DataFrame]:
 
     # the census' own batches: sorted by length, encoded from the trees' pre-split words
     start = time.perf_counter()
-    items, _ = _items(model, tokenizer, None, trees, None, "error")
-    groups = _batches(items, cfg.batch_size)
-    encoded = [_model_inputs(model, _encode(tokenizer, group)[0]) for group in groups]
+    groups, _ = plan_batches(model, tokenizer, trees=trees, batch_size=cfg.batch_size)
+    encoded = [group.inputs()[0] for group in groups]
     prep.append({"step": f"tokenize into {len(groups)} batches (timed on both sides)",
                  "seconds": time.perf_counter() - start})
     real = sum(int(b["attention_mask"].sum()) for b in encoded)
@@ -152,7 +150,7 @@ def _census_cost(cfg: Config) -> dict[str, pd.DataFrame]:
 
     def bare() -> dict[str, float]:
         for group in groups:
-            model(**_model_inputs(model, _encode(tokenizer, group)[0]))
+            model(**group.inputs()[0])
         return {}
 
     results: dict[str, Any] = {}
@@ -209,7 +207,8 @@ def _census_cost(cfg: Config) -> dict[str, pd.DataFrame]:
     prep_frame["ratio_to_bare"] = prep_frame["seconds"] / float(
         timing.loc[timing["contender"] == BARE, "median_s"].iloc[0])
     return {"timing": timing, "timing_raw": raw, "prep": prep_frame, "checks": checks,
-            "batches": pd.DataFrame([{"sentences": len(items), "batches": len(groups),
+            "batches": pd.DataFrame([{"sentences": sum(len(g.sentences) for g in groups),
+                                      "batches": len(groups),
                                       "batch_size": cfg.batch_size, "real_tokens": real,
                                       "padded_tokens": padded}])}
 

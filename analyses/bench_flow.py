@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from harness.benchmarking import Outcome, interleaved, timing_table
+from harness.runs import analysis_main
 
 import attnprobe
 from attnprobe.attribution import attention_flow, view_common, views
-from attnprobe.benchmarking import Outcome, interleaved, timing_table
-from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data" / "census_sentences.txt"
 
@@ -95,7 +95,7 @@ def _ours(amap: attnprobe.AttentionMap, sinks: list[int]) -> np.ndarray:
     """Unnormalised flow values (weight units) from [CLS] after the last layer to ``sinks``."""
     from scipy.sparse.csgraph import maximum_flow
 
-    aug = view_common._augmented(amap, residual=True, head_reduce="mean")
+    aug = view_common.augmented(amap, residual=True, head_reduce="mean")
     graph = attention_flow._flow_graph(aug)
     n = amap.shape[-1]
     source = aug.shape[0] * n  # node (last layer, row 0)

@@ -31,11 +31,13 @@ from typing import Any
 
 import pandas as pd
 import torch
+from harness.benchmarking import interleaved, ratios, timing_table, with_result
 
 import attnprobe
-from attnprobe.benchmarking import interleaved, ratios, timing_table, with_result
+from attnprobe.capture.info import model_scope
+from attnprobe.core.scope import Scope
 from attnprobe.perturb.context import perturbed
-from attnprobe.perturb.interventions import Permute, Scope
+from attnprobe.perturb.interventions import Permute
 from attnprobe.perturb.measures import cosine_distance
 
 SENTENCE = ("The old man who lived near the quiet river walked slowly to the busy market every "
@@ -91,7 +93,7 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     single = {k: single[k] for k in ("input_ids", "attention_mask")}
     n = cfg.n_permutations
     copies = {k: v.expand(n, -1).contiguous() for k, v in single.items()}
-    scope = Scope(layers=(cfg.layer,)).validate(model)
+    scope = model_scope(model, Scope(layers=(cfg.layer,)))
     batched = f"batched: 1 forward of {n} copies"
     sequential = f"sequential: {n} forwards of 1"
     plain_name = f"reference: plain forward of {n} copies, no perturbation"
@@ -152,7 +154,7 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from attnprobe.runs import analysis_main
+    from harness.runs import analysis_main
 
     analysis_main("bench_perturb", __doc__, Config, run, argv=argv,
                   show=["summary", "timing", "checks"])

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main
 
 import attnprobe
 from attnprobe.heads import PRECEDENCE, census, layer_profile, parse
-from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data"
 KEY_RELATIONS = ("det", "dobj", "obj")

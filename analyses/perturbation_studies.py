@@ -110,11 +110,11 @@ from typing import Any
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from harness.runs import analysis_main
 from torch import nn
 
 from attnprobe.attribution.targets import Target
 from attnprobe.errors import EditNotAppliedError
-from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data"
 TRANSFORMER = "transformer-classifier"
@@ -211,7 +211,7 @@ class Subject:
 
 def inputs_of(subject: Subject, texts: list[str]) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids`` / ``attention_mask`` (the encoding every library call uses)."""
-    from attnprobe.extraction import encode
+    from attnprobe.capture.text import encode
 
     batch = encode(subject.model, subject.tok, texts)
     return {k: batch[k] for k in ("input_ids", "attention_mask")}

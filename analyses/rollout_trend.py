@@ -71,13 +71,13 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main
 
 import attnprobe
 from attnprobe.attribution.comparison import compare
 from attnprobe.attribution.targets import parse_target
+from attnprobe.capture.text import encode
 from attnprobe.errors import InputError
-from attnprobe.extraction import encode
-from attnprobe.runs import analysis_main
 
 DATA = Path(__file__).resolve().parent / "data"
 # view label -> (attention view, query row)

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.runs import analysis_main
 
 from attnprobe.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from attnprobe.runs import analysis_main
 from attnprobe.tasks.synthetic import make_batch
 from attnprobe.tasks.training import decode_scores, train_seq2seq
 

@@ -1,11 +1,18 @@
 """attnprobe: capture, analyse, perturb and report attention heads of any PyTorch model.
 
-``import attnprobe`` needs only torch, numpy and pandas; transformers and friends are imported
-when a function needs them.
+``import attnprobe`` needs only torch, numpy and pandas: transformers, captum, spaCy and
+matplotlib are imported when a function needs them, and the ``attribution``, ``perturb`` and
+``report`` packages load on first use (``ap.perturb.run``), so that importing attnprobe stays
+light. ``dir(attnprobe)`` lists every entry point.
 """
 
+from importlib import import_module
+from typing import Any
+
 from attnprobe import heads
-from attnprobe.capture import Capture, HookPoint, capture, count_hooks
+from attnprobe.capture import Capture, HookPoint, capture, count_hooks, extract, head_stats
+from attnprobe.core.scope import Scope
+from attnprobe.core.version import __version__
 from attnprobe.errors import (
     AttentionUnavailableError,
     AttnProbeError,
@@ -15,6 +22,7 @@ from attnprobe.errors import (
     MissingExtraError,
     ModelNotFoundError,
 )
+from attnprobe.loading import load_model
 from attnprobe.types import (
     AttentionMap,
     ModelInfo,
@@ -24,7 +32,8 @@ from attnprobe.types import (
     save_maps,
 )
 
-__version__ = "0.1.0"
+# Sub-packages loaded on first use (a light `import attnprobe`, not a way around a cycle).
+_ON_USE = ("attribution", "perturb", "report")
 
 __all__ = [
     "AttentionMap",
@@ -38,7 +47,9 @@ __all__ = [
     "MissingExtraError",
     "ModelInfo",
     "ModelNotFoundError",
+    "Scope",
     "TokenAttribution",
+    "__version__",
     "attribution",
     "capture",
     "count_hooks",
@@ -54,14 +65,11 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # Entry points that need transformers are imported on first use.
-    if name in ("load_model", "extract", "head_stats"):
-        from attnprobe import extraction
-
-        return getattr(extraction, name)
-    if name in ("attribution", "perturb", "report"):
-        import importlib
-
-        return importlib.import_module(f"attnprobe.{name}")
+def __getattr__(name: str) -> Any:
+    if name in _ON_USE:
+        return import_module(f"attnprobe.{name}")
     raise AttributeError(f"module 'attnprobe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

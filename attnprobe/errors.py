@@ -27,3 +27,11 @@ class EditNotAppliedError(AttnProbeError, RuntimeError):
 
 class MissingExtraError(AttnProbeError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
+
+
+class OutputError(AttnProbeError, OSError):
+    """An output that cannot or must not be written (collision, directory, unwritable)."""
+
+
+class FileFormatError(AttnProbeError, ValueError):
+    """A file to read that is malformed, too large or not what it claims to be."""

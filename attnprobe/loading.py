@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from attnprobe._optional import require
+from attnprobe.core.optional import require
 from attnprobe.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "minilm"

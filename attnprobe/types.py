@@ -10,7 +10,6 @@ Conventions (shared by every module):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -19,9 +18,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnprobe.core.divergence import row_sum_tolerance
+from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
 
-AXES = ("layer", "head", "query", "key")
+__all__ = ["ATTRIBUTION_COLUMNS", "MAP_COLUMNS", "AttentionMap", "ModelInfo", "TokenAttribution",
+           "head_id", "load_maps", "save_maps"]
+
 Kind = Literal["self", "cross"]
 
 # Tidy column names of AttentionMap.to_frame(); reports and analyses rely on them.
@@ -33,10 +36,6 @@ FORMAT_VERSION = 1
 # Tidy column names of TokenAttribution.to_frame().
 ATTRIBUTION_COLUMNS = ("example_id", "method", "target", "position", "token", "score")
 
-
-def head_id(layer: int, head: int) -> str:
-    """The conventional head label, e.g. ``L3H5`` (0-based model indices)."""
-    return f"L{layer}H{head}"
 
 
 @dataclass(frozen=True)
@@ -147,9 +146,11 @@ class AttentionMap:
                 raise InputError("pattern has negative weights; pass check_rows=False for "
                                  "edited maps")
             worst = (row_sums - 1).abs().max().item()
-            if worst > 1e-3:
-                raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}); "
-                                 "pass check_rows=False for edited maps")
+            tolerance = row_sum_tolerance(self.info.dtype)
+            if worst > tolerance:
+                raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}, "
+                                 f"allowed {tolerance:.3g} in {self.info.dtype}); pass "
+                                 "check_rows=False for edited maps")
 
     # ----------------------------------------------------------------- views
     @property
@@ -315,7 +316,3 @@ def load_maps(path: str | Path) -> list[AttentionMap]:
             ))
     return maps
 
-
-def uniform_entropy(n: int) -> float:
-    """Entropy in nats of a uniform distribution over ``n`` keys (``ln n``)."""
-    return math.log(n)

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from attnprobe.capture import count_hooks
+
+# The analysis scripts import their shared harness as `harness` (analyses/ on the path).
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+if str(ANALYSES) not in sys.path:
+    sys.path.insert(0, str(ANALYSES))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -10,41 +10,34 @@ norms; ``view_common`` the shared helpers), ``metrics`` (rank and distribution a
 Captum and transformers are imported when a function needs them.
 """
 
-from attnprobe._lazy import lazy_getattr
+from attnprobe.attribution.attention_flow import flow
+from attnprobe.attribution.comparison import DEFAULT_VIEWS, Comparison, compare
+from attnprobe.attribution.method_base import METHODS
+from attnprobe.attribution.methods import (
+    DEFAULT_METHODS,
+    GradientShap,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    attribute,
+)
+from attnprobe.attribution.metrics import (
+    agreement,
+    jsd,
+    kendall_tau,
+    spearman,
+    topk_overlap,
+    truth_scores,
+)
+from attnprobe.attribution.model_views import attention_x_gradient, norm_based, norm_importance
+from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
+from attnprobe.attribution.targets import TARGET_KINDS, Target, parse_target
+from attnprobe.attribution.views import VIEWS, attention_importance, raw, rollout
 
-_LAZY = {
-    "compare": "comparison",
-    "Comparison": "comparison",
-    "DEFAULT_VIEWS": "comparison",
-    "attribute": "methods",
-    "METHODS": "methods",
-    "DEFAULT_METHODS": "methods",
-    "IntegratedGradients": "methods",
-    "Saliency": "methods",
-    "InputXGradient": "methods",
-    "GradientShap": "methods",
-    "LeaveOneOut": "perturbation_methods",
-    "Occlusion": "perturbation_methods",
-    "parse_target": "targets",
-    "Target": "targets",
-    "TARGET_KINDS": "targets",
-    "raw": "views",
-    "rollout": "views",
-    "flow": "attention_flow",
-    "attention_x_gradient": "model_views",
-    "norm_based": "model_views",
-    "norm_importance": "model_views",
-    "attention_importance": "views",
-    "VIEWS": "views",
-    "agreement": "metrics",
-    "kendall_tau": "metrics",
-    "spearman": "metrics",
-    "topk_overlap": "metrics",
-    "jsd": "metrics",
-    "truth_scores": "metrics",
-}
-
-__getattr__ = lazy_getattr(__name__, _LAZY)
-
-
-__all__ = sorted(_LAZY)
+__all__ = [
+    "DEFAULT_METHODS", "DEFAULT_VIEWS", "METHODS", "TARGET_KINDS", "VIEWS", "Comparison",
+    "GradientShap", "InputXGradient", "IntegratedGradients", "LeaveOneOut", "Occlusion",
+    "Saliency", "Target", "agreement", "attention_importance", "attention_x_gradient",
+    "attribute", "compare", "flow", "jsd", "kendall_tau", "norm_based", "norm_importance",
+    "parse_target", "raw", "rollout", "spearman", "topk_overlap", "truth_scores",
+]

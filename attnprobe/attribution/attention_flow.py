@@ -15,11 +15,11 @@ import torch
 
 from attnprobe.attribution.view_common import (
     Query,
-    _augmented,
-    _check_stack,
-    _layer_pos,
-    _query_rows,
-    _read_query,
+    augmented,
+    check_stack,
+    layer_position,
+    query_rows,
+    read_query,
 )
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
@@ -89,14 +89,14 @@ def flow(amap: AttentionMap, *, layer: int, query: Query = "cls") -> torch.Tenso
     Returns:
         ``[key]`` float64 summing to 1.
     """
-    _check_stack(amap, "flow")
+    check_stack(amap, "flow")
     n = amap.shape[-1]
     if n > FLOW_MAX_TOKENS:
         raise InputError(f"attention flow is limited to {FLOW_MAX_TOKENS} tokens (one max-flow "
                          f"per token over an (L+1)·n-node graph); this map has {n}: use rollout")
-    pos = _layer_pos(amap, layer)
-    rows = _query_rows(query, n)
-    aug = _augmented(amap, residual=True, head_reduce="mean")[: pos + 1]
+    pos = layer_position(amap, layer)
+    rows = query_rows(query, n)
+    aug = augmented(amap, residual=True, head_reduce="mean")[: pos + 1]
     graph = _flow_graph(aug)
     flows = torch.from_numpy(np.stack([_flows(graph, n, pos + 1, r) for r in rows]))
-    return _read_query(flows, "max" if query == "max" else "mean")
+    return read_query(flows, "max" if query == "max" else "mean")

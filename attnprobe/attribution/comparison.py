@@ -12,14 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
+from attnprobe.attribution.methods import attribute
+from attnprobe.attribution.metrics import agreement, truth_scores
+from attnprobe.attribution.targets import parse_target
+from attnprobe.attribution.views import attention_importance
+from attnprobe.capture.info import model_scope
+from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation, prepare_corpus
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.tokens import special_tokens
 from attnprobe.errors import InputError
-from attnprobe.extraction import check_texts
 from attnprobe.types import TokenAttribution
 
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "leave_one_out")
@@ -48,11 +57,13 @@ class Comparison:
         truth_table: per example and source, scores against the known decisive tokens
             (``TRUTH_COLUMNS``; empty without ``truth``).
         attributions: every importance vector that went into the tables.
+        skipped: ids of texts left out as too long (``truncation="skip"``).
     """
 
     table: pd.DataFrame
     truth_table: pd.DataFrame
     attributions: list[TokenAttribution] = field(default_factory=list)
+    skipped: tuple[str, ...] = ()
 
     def summary(self) -> pd.DataFrame:
         """Mean ± std over examples, and the share with ``p <= 0.05`` (rank metrics), per
@@ -80,21 +91,10 @@ def _summarise(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
 
 
-def _special_tokens(tokenizer: Any) -> set[str]:
-    """Special tokens left out of the metrics; the unk token is not one of them (it stands for
-    a real word, and the attribution methods score it as one)."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    ids = [i for i in (getattr(tokenizer, "all_special_ids", []) or []) if i != unk]
-    tokens = tokenizer.convert_ids_to_tokens(ids) if ids else []
-    return set(tokens if isinstance(tokens, list) else [tokens])
-
-
 def _fixed(target: Any, spec: str, model: nn.Module, tokenizer: Any) -> Any:
     """The target the attention views explain for one text: the one the methods fixed there
     (``next-token`` -> ``next-token:ID``), so attention × gradient follows the same token and
     names it; ready targets as they are."""
-    from attnprobe.attribution.targets import parse_target
-
     if target.ready:
         return target
     try:
@@ -118,21 +118,75 @@ def _truth_mask(truth: Sequence[bool] | torch.Tensor, tokens: tuple[str, ...],
 
 
 def _rows(example: str, source: TokenAttribution, kind: str, reference: TokenAttribution,
-          keep: torch.Tensor, k: int | None) -> list[tuple]:
-    from attnprobe.attribution.metrics import agreement
-
+          keep: torch.Tensor, top_k: int | None) -> list[tuple]:
     view, layer = _split(source.method)
-    scores = agreement(source, reference, k=k, keep=keep)
+    scores = agreement(source, reference, k=top_k, keep=keep)
     return [(example, source.method, kind, view, layer, reference.method, metric, value, p)
             for metric, (value, p) in scores.items()]
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every text of one comparison shares."""
+
+    model: nn.Module
+    tokenizer: Any
+    target: Any
+    methods: tuple[str, ...]
+    views: tuple[str, ...]
+    scope: Scope
+    query: str | int
+    top_k: int | None
+    special: frozenset[str]
+    options: dict[str, Any]
+
+
+def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list]:
+    """Agreement rows, truth rows and every importance vector of one text."""
+    example, text, truth = item
+    found = attribute(job.model, job.tokenizer, [text], job.target, job.methods,
+                      **job.options)
+    # importance is the magnitude: a token that pushes the output down matters too
+    # (Jain & Wallace sum |gradient|; Abnar & Zuidema take |Σ_d ∂y/∂e|)
+    found = [TokenAttribution(a.scores.abs(), a.tokens, a.method, a.target, example, a.delta)
+             for a in found]
+    fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
+    seen = attention_importance(job.model, job.tokenizer, text, fixed, views=job.views,
+                                scope=job.scope, query=job.query, example_id=example,
+                                truncation=job.options["truncation"],
+                                max_length=job.options["max_length"]) if job.views else []
+    tokens = found[0].tokens
+    if any(v.tokens != tokens for v in seen):
+        raise InputError(f"example {example}: the attention views and the attributions "
+                         "tokenised the text differently")
+    keep = torch.tensor([t not in job.special for t in tokens])
+    if int(keep.sum()) < 2:
+        raise InputError(f"example {example}: fewer than two tokens to compare")
+    agreement_rows: list[tuple] = []
+    for view in seen:
+        for reference in found:
+            agreement_rows += _rows(example, view, "attention", reference, keep, job.top_k)
+    for a, first in enumerate(found):
+        for reference in found[a + 1:]:
+            agreement_rows += _rows(example, first, "attribution", reference, keep, job.top_k)
+    truth_rows: list[tuple] = []
+    if truth is not None:
+        mask = _truth_mask(truth, tokens, keep, example)
+        for source, kind in [*((v, "attention") for v in seen),
+                             *((m, "attribution") for m in found)]:
+            view, layer = _split(source.method)
+            for metric, value in truth_scores(source.scores[keep], mask[keep]).items():
+                truth_rows.append((example, source.method, kind, view, layer, metric, value))
+    return agreement_rows, truth_rows, [*found, *seen]
+
+
 def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target: Any, *,
+            scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
+            truncation: Truncation = "error", seed: int = 0, progress: bool = False,
             methods: Sequence[str] = DEFAULT_METHODS, views: Sequence[str] = DEFAULT_VIEWS,
-            layers: Sequence[int] | None = None, query: str | int = "cls",
-            truth: Sequence[Sequence[bool]] | None = None, k: int | None = None,
-            drop_special: bool = True, n_steps: int = 50, batch_size: int = 8,
-            progress: bool = False) -> Comparison:
+            query: str | int = "cls", truth: Sequence[Sequence[bool]] | None = None,
+            top_k: int | None = None, drop_special: bool = True, n_steps: int = 50,
+            max_length: int | None = None, distributed: bool | None = None) -> Comparison:
     """Compare attention-derived importance with attribution methods, text by text.
 
     Args:
@@ -140,15 +194,25 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         target: what is explained — a spec such as ``"class:1"``, ``"next-token"``,
             ``"similarity:A cat sits."`` (see :mod:`attnprobe.attribution.targets`), or a
             callable ``(output, inputs) -> Tensor[batch]``.
+        scope: the layers whose attention views are reported (and the heads ``raw`` and
+            ``norm`` average); rollout, flow and attention × gradient always run through
+            every head of every layer, as they are defined.
+        batch_size: perturbed copies per forward (leave-one-out, occlusion).
+        truncation: ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the model
+            allows.
+        seed: seeds the random methods (GradientSHAP).
+        progress: a progress bar over the texts (attributions included).
         methods: attribution methods (:data:`attnprobe.attribution.methods.METHODS`).
-        views: attention views (``raw``, ``rollout``, ``flow``, ``attn_x_grad``, ``norm``),
-            computed for every layer in ``layers`` (default: all).
+        views: attention views (:data:`attnprobe.attribution.views.VIEWS`).
         query: which row the views read (``"cls"``, ``"last"``, ``"mean"``, ``"max"``, int).
         truth: per text, which tokens decide the output (over all tokens, or over the
             non-special ones); adds precision@k, mass and AUROC per source.
-        k: top-k size for the overlap metric (default 20 % of the compared tokens).
+        top_k: top-k size for the overlap metric (default 20 % of the compared tokens).
         drop_special: leave special tokens ([CLS], [SEP], BOS ...) out of every metric
             (``[UNK]`` stays in: it stands for a word of the text).
+        n_steps: Integrated Gradients path points.
+        distributed: split the texts over the ranks of an initialised ``torch.distributed``
+            group and gather the tables on every rank (default: when a group is initialised).
 
     Attribution scores are compared by magnitude (``|score|``, as Jain & Wallace and Abnar &
     Zuidema do); :attr:`Comparison.attributions` holds those magnitudes. For signed scores
@@ -156,69 +220,32 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
 
     Returns:
         A :class:`Comparison` (``.table``, ``.summary()``, ``.truth_table``,
-        ``.truth_summary()``).
+        ``.truth_summary()``); ``example_id`` is the text's index in ``texts``.
     """
-    from attnprobe.attribution.methods import attribute
-    from attnprobe.attribution.metrics import truth_scores
-    from attnprobe.attribution.targets import parse_target
-    from attnprobe.attribution.views import attention_importance
-
-    texts = check_texts(texts)
-    if truth is not None and len(truth) != len(texts):
-        raise InputError(f"truth has {len(truth)} entries for {len(texts)} texts")
+    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
+                            max_length=max_length)
+    n_texts = len(corpus.ids) + len(corpus.skipped)
+    if truth is not None and len(truth) != n_texts:
+        raise InputError(f"truth has {len(truth)} entries for {n_texts} texts")
+    if isinstance(methods, str):
+        methods = [methods]
     if not methods:
         raise InputError("give at least one attribution method to compare with")
-    target = parse_target(target, model, tokenizer)
-    special = _special_tokens(tokenizer) if drop_special else set()
-    attributions = attribute(model, tokenizer, texts, target, methods, n_steps=n_steps,
-                             batch_size=batch_size)
-    # importance is the magnitude: a token that pushes the output down matters too
-    # (Jain & Wallace sum |gradient|; Abnar & Zuidema take |Σ_d ∂y/∂e|)
-    attributions = [TokenAttribution(a.scores.abs(), a.tokens, a.method, a.target,
-                                     a.example_id, a.delta) for a in attributions]
-    by_example: dict[str, list[TokenAttribution]] = {}
-    for item in attributions:
-        by_example.setdefault(item.example_id, []).append(item)
-    agreement_rows: list[tuple] = []
-    truth_rows: list[tuple] = []
-    kept: list[TokenAttribution] = list(attributions)
-    indices = range(len(texts))
-    if progress:
-        from attnprobe._optional import require
-
-        indices = require("tqdm").tqdm(indices, desc="compare", unit="text")
-    for i in indices:
-        example = str(i)
-        found = by_example.get(example, [])
-        fixed = _fixed(target, found[0].target, model, tokenizer)
-        seen = attention_importance(model, tokenizer, texts[i], fixed, views=views,
-                                    layers=layers, query=query) if views else []
-        seen = [TokenAttribution(v.scores, v.tokens, v.method, v.target, example)
-                for v in seen]
-        kept.extend(seen)
-        tokens = found[0].tokens
-        if any(v.tokens != tokens for v in seen):
-            raise InputError(f"example {example}: the attention views and the attributions "
-                             "tokenised the text differently")
-        keep = torch.tensor([t not in special for t in tokens])
-        if int(keep.sum()) < 2:
-            raise InputError(f"example {example}: fewer than two tokens to compare")
-        for view in seen:
-            for reference in found:
-                agreement_rows += _rows(example, view, "attention", reference, keep, k)
-        for a, first in enumerate(found):
-            for reference in found[a + 1:]:
-                agreement_rows += _rows(example, first, "attribution", reference, keep, k)
-        if truth is not None:
-            mask = _truth_mask(truth[i], tokens, keep, example)
-            for source, kind in [*((v, "attention") for v in seen),
-                                 *((m, "attribution") for m in found)]:
-                view, layer = _split(source.method)
-                for metric, value in truth_scores(source.scores[keep], mask[keep]).items():
-                    truth_rows.append((example, source.method, kind, view, layer, metric,
-                                       value))
-    table = pd.DataFrame(agreement_rows, columns=list(AGREEMENT_COLUMNS))
-    truth_table = pd.DataFrame(truth_rows, columns=list(TRUTH_COLUMNS))
+    views = [views] if isinstance(views, str) else list(views)
+    job = _Job(model, tokenizer, parse_target(target, model, tokenizer), tuple(methods),
+               tuple(views), model_scope(model, scope), query, top_k,
+               frozenset(special_tokens(tokenizer)) if drop_special else frozenset(),
+               {"n_steps": n_steps, "batch_size": batch_size, "seed": seed,
+                "truncation": truncation if truncation != "skip" else "error",
+                "max_length": max_length})
+    items = [(example, text, None if truth is None else truth[int(example)])
+             for example, text in zip(corpus.ids, corpus.texts, strict=True)]
+    parts = run_sharded(partial(_one_text, job), items, distributed=distributed,
+                        progress=progress, desc="compare", unit="text")
+    table = pd.DataFrame([r for part in parts for r in part[0]], columns=list(AGREEMENT_COLUMNS))
+    truth_table = pd.DataFrame([r for part in parts for r in part[1]],
+                               columns=list(TRUTH_COLUMNS))
     for frame in (table, truth_table):  # model layer index; <NA> for methods and attn_x_grad
         frame["layer"] = frame["layer"].astype("Int64")
-    return Comparison(table, truth_table, kept)
+    return Comparison(table, truth_table, [a for part in parts for a in part[2]],
+                      skipped=corpus.skipped)

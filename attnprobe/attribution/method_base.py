@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from attnprobe.attribution.targets import Target
+from attnprobe.core.registry import Registry
 from attnprobe.errors import HookNotFiredError, InputError
-from attnprobe.registry import Registry
 
 __all__ = ["METHODS", "Explanation", "Method", "Problem"]
 
@@ -139,10 +139,3 @@ class Method(Protocol):
 
 
 METHODS: Registry[type] = Registry("attribution method")
-
-
-def _positive(owner: str, **values: int | None) -> None:
-    for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise InputError(f"{owner}: {name} must be a positive integer; got {value!r}")

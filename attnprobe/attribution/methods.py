@@ -50,13 +50,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnprobe._optional import require
-from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem, _positive
+from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
+from attnprobe.capture.text import check_texts, encode
+from attnprobe.core.checks import check_positive_ints
+from attnprobe.core.optional import require
+from attnprobe.core.registry import one_of
+from attnprobe.core.tokens import special_ids
 from attnprobe.errors import InputError
-from attnprobe.extraction import check_texts, encode
-from attnprobe.registry import one_of
 from attnprobe.types import TokenAttribution
 
 __all__ = [
@@ -103,7 +105,8 @@ class IntegratedGradients:
     internal_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        _positive(self.name, n_steps=self.n_steps, internal_batch_size=self.internal_batch_size)
+        check_positive_ints(self.name, n_steps=self.n_steps,
+                            internal_batch_size=self.internal_batch_size)
 
     def cost(self, n_tokens: int) -> int:
         return (self.n_steps + 2) * n_tokens  # path points + input and baseline for delta
@@ -192,7 +195,7 @@ class GradientShap:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self.name, n_samples=self.n_samples)
+        check_positive_ints(self.name, n_samples=self.n_samples)
 
     def cost(self, n_tokens: int) -> int:
         return (self.n_samples + 2) * n_tokens
@@ -248,13 +251,6 @@ def _build(method: str | Method, options: dict[str, Any]) -> Method:
         raise InputError(one_of("attribution method", method, METHODS.names()))
     cls = METHODS.get(method)
     return cls(**{f.name: options[f.name] for f in fields(cls) if f.name in options})
-
-
-def _special_ids(tokenizer: Any) -> set[int]:
-    """Ids of special tokens, the unk token excluded (it stands for a real word)."""
-    ids = {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or [])}
-    unk = getattr(tokenizer, "unk_token_id", None)
-    return ids - {unk} if unk is not None else ids
 
 
 def _token_id(tokenizer: Any, *names: str) -> int | None:
@@ -324,8 +320,8 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     """
     texts = check_texts(texts)
     _check_ready(model)
-    _positive("attribute", n_steps=n_steps, internal_batch_size=internal_batch_size,
-              batch_size=batch_size, budget=budget)
+    check_positive_ints("attribute", n_steps=n_steps, internal_batch_size=internal_batch_size,
+                        batch_size=batch_size, budget=budget)
     if isinstance(methods, str):
         methods = [methods]
     if not methods:
@@ -336,7 +332,7 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     built = [_build(m, options) for m in methods]
     target = parse_target(target, model, tokenizer)
     layer = embedding_layer(model, embedding)
-    special_ids = _special_ids(tokenizer)
+    specials = special_ids(tokenizer)
     pad_id = _token_id(tokenizer, "pad_token_id", "unk_token_id")
     unk_id = _token_id(tokenizer, "unk_token_id")
     first = next(model.parameters(), None)
@@ -367,7 +363,7 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
             fixed = target.fixed(output, inputs)
             value = float(fixed(output, inputs)[0])
             ids = inputs["input_ids"][0]
-            special = torch.tensor([int(t) in special_ids for t in ids.tolist()],
+            special = torch.tensor([int(t) in specials for t in ids.tolist()],
                                    dtype=torch.bool, device=device)
             problem = Problem(model, inputs, fixed, value, special, pad_id, unk_id, layer,
                               seed=seed, batch_size=batch_size)

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.attribution.view_common import Query, Target, _read_query
+from attnprobe.attribution.view_common import Query, Target, read_query
 from attnprobe.capture import capture
 from attnprobe.capture.sites import Site
+from attnprobe.capture.text import check_texts, encode, model_inputs
 from attnprobe.errors import InputError
-from attnprobe.extraction import _model_inputs, check_texts, encode
 
 __all__ = ["NORM_FAMILIES", "attention_x_gradient", "norm_based", "norm_importance"]
 
@@ -33,7 +33,7 @@ NORM_FAMILIES = {
 }
 
 
-def _one_text(text: str) -> list[str]:
+def one_text(text: str) -> list[str]:
     if not isinstance(text, str):
         raise InputError(f"text must be one string; got {type(text).__name__}")
     return check_texts([text])
@@ -49,7 +49,7 @@ def _self_sites(sites: Sequence[Site]) -> list[Site]:
     return sorted((s for s in own if s.stack == stack), key=lambda s: s.layer)
 
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
     return str(getattr(target, "spec", "custom"))
 
 
@@ -69,10 +69,10 @@ def _require_grad_on_embeddings(model: nn.Module, stack: ExitStack) -> None:
     stack.callback(embeddings.register_forward_hook(hook).remove)
 
 
-def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
+def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
                         target: Target) -> tuple[torch.Tensor, tuple[str, ...]]:
     """Chefer's relevance matrix ``R`` ``[query, key]`` (float64) and the tokens."""
-    texts = _one_text(text)
+    texts = one_text(text)
     if not callable(target):
         raise InputError(f"target must be callable (output, inputs) -> Tensor[batch]; got "
                          f"{type(target).__name__}")
@@ -80,7 +80,7 @@ def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
         raise InputError("attention × gradient needs gradients; call it outside "
                          "torch.inference_mode()")
     batch = encode(model, tokenizer, texts)
-    inputs = _model_inputs(model, batch)
+    inputs = model_inputs(model, batch)
     with torch.enable_grad():
         with ExitStack() as stack:
             _require_grad_on_embeddings(model, stack)
@@ -91,7 +91,7 @@ def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
             target = fixed(output, inputs)
         score = target(output, inputs)
         if not isinstance(score, torch.Tensor) or score.numel() != 1:
-            raise InputError(f"target {_target_name(target)!r} must return one value for the "
+            raise InputError(f"target {target_name(target)!r} must return one value for the "
                              f"one text; got {getattr(score, 'shape', type(score).__name__)}")
         if not cap.live:
             raise InputError("no attention was captured during the forward")
@@ -99,7 +99,7 @@ def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
         patterns = [cap.live[0][s] for s in sites]
         if not score.requires_grad or not any(p.requires_grad for p in patterns):
             raise InputError(f"no gradient reaches the attention from target "
-                             f"{_target_name(target)!r} (detached output, or weights without "
+                             f"{target_name(target)!r} (detached output, or weights without "
                              "autograd support)")
         grads = torch.autograd.grad(score.sum(), patterns, allow_unused=True)
     n = patterns[0].shape[-1]
@@ -116,7 +116,7 @@ def _attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
         cam = (g * a).clamp(min=0).mean(0)  # [query, key]
         relevance = relevance + cam @ relevance
     if not torch.isfinite(relevance).all():
-        raise InputError(f"attention × gradient for target {_target_name(target)!r} is not "
+        raise InputError(f"attention × gradient for target {target_name(target)!r} is not "
                          "finite (NaN or inf gradients)")
     ids = batch["input_ids"][0].tolist()
     tokens = tuple(tokenizer.convert_ids_to_tokens(ids)) \
@@ -146,8 +146,8 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
     Raises:
         InputError: inside ``torch.inference_mode()``, or when no gradient reaches the attention.
     """
-    relevance, _ = _attn_x_grad_matrix(model, tokenizer, text, target)
-    return _read_query(relevance, query)
+    relevance, _ = attn_x_grad_matrix(model, tokenizer, text, target)
+    return read_query(relevance, query)
 
 
 def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
@@ -175,14 +175,14 @@ def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
     return weight, conv
 
 
-def _norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int]
+def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int]
                 ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], tuple[str, ...]]:
     """Per layer: weights ``α`` ``[head, query, key]`` and ``f(x_j)`` ``[head, key, d_model]``
     (float64, CPU), and the tokens. One forward for all layers."""
-    texts = _one_text(text)
+    texts = one_text(text)
     layers = list(layers)
     batch = encode(model, tokenizer, texts)
-    inputs = _model_inputs(model, batch)
+    inputs = model_inputs(model, batch)
     with torch.no_grad(), capture(model, layers=layers, values=True,
                                   tokenizer=tokenizer) as cap:
         model(**inputs)
@@ -223,13 +223,13 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int) -> to
     Raises:
         InputError: for any other model.
     """
-    _out_family_check(model)
-    parts, _ = _norm_parts(model, tokenizer, text, [layer])
+    check_norm_family(model)
+    parts, _ = norm_parts(model, tokenizer, text, [layer])
     alpha, f = parts[layer]
     return alpha * f.norm(dim=-1)[:, None, :]
 
 
-def _out_family_check(model: nn.Module) -> None:
+def check_norm_family(model: nn.Module) -> None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in NORM_FAMILIES:
         raise InputError(f"norm-based importance resolves the attention output projection of "
@@ -249,5 +249,5 @@ def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
         if isinstance(head, bool) or not isinstance(head, int) \
                 or not 0 <= head < norms.shape[0]:
             raise InputError(f"head {head!r} out of range (0..{norms.shape[0] - 1})")
-        return _read_query(norms[head], query)
-    return _read_query(norms.mean(0), query)
+        return read_query(norms[head], query)
+    return read_query(norms.mean(0), query)

@@ -13,7 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from attnprobe.attribution.method_base import METHODS, Explanation, Problem, _positive
+from attnprobe.attribution.method_base import METHODS, Explanation, Problem
+from attnprobe.core.checks import check_positive_ints
 from attnprobe.errors import InputError
 
 __all__ = ["LeaveOneOut", "Occlusion"]
@@ -35,7 +36,7 @@ class _Batched:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        _positive(self.name, batch_size=self.batch_size)
+        check_positive_ints(self.name, batch_size=self.batch_size)
 
 
 @METHODS.register("leave_one_out")

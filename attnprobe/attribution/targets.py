@@ -36,8 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.capture.text import encode, model_inputs
+from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
-from attnprobe.registry import Registry, one_of
 
 __all__ = ["TARGET_KINDS", "Target", "parse_target"]
 
@@ -336,9 +337,7 @@ def _similarity(argument: str, model: nn.Module, tokenizer: Any) -> Target:
         raise InputError("target similarity needs a reference text, e.g. "
                          "'similarity:A cat sits on the mat.'")
     spec = f"similarity:{text}"
-    from attnprobe.extraction import _model_inputs, encode
-
-    batch = _model_inputs(model, encode(model, tokenizer, [text], truncation=True))
+    batch = model_inputs(model, encode(model, tokenizer, [text], truncation=True))
     with torch.no_grad():
         reference = _mean_pool(_hidden(model(**batch), spec), batch)[0].detach()  # [hidden]
 

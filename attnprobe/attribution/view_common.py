@@ -24,7 +24,7 @@ HEAD_REDUCES = ("mean", "max", "min")
 
 
 # ----------------------------------------------------------------------------- helpers
-def _read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
+def read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
     """One ``[key]`` vector from a ``[query, key]`` matrix (see the views module
     docstring)."""
     n = matrix.shape[0]
@@ -44,22 +44,22 @@ def _read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
     raise InputError(f"query must be one of {list(QUERIES)} or an int row; got {query!r}")
 
 
-def _query_rows(query: Query, n: int) -> list[int]:
+def query_rows(query: Query, n: int) -> list[int]:
     """The rows a query spec reads (all rows for ``mean`` / ``max``)."""
     if query in ("mean", "max"):
         return list(range(n))
     probe = torch.arange(n, dtype=torch.float64)[:, None]
-    return [int(_read_query(probe, query)[0])]
+    return [int(read_query(probe, query)[0])]
 
 
-def _layer_pos(amap: AttentionMap, layer: int) -> int:
+def layer_position(amap: AttentionMap, layer: int) -> int:
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) \
             or int(layer) not in amap.layers:
         raise InputError(f"layer {layer!r} not in this map; it has layers {list(amap.layers)}")
     return amap.layers.index(int(layer))
 
 
-def _check_self(amap: AttentionMap, what: str) -> None:
+def check_self(amap: AttentionMap, what: str) -> None:
     if not isinstance(amap, AttentionMap):
         raise InputError(f"{what} takes an AttentionMap; got {type(amap).__name__}")
     if amap.kind != "self" or amap.shape[2] != amap.shape[3]:
@@ -67,15 +67,15 @@ def _check_self(amap: AttentionMap, what: str) -> None:
                          f"kind {amap.kind!r}, shape {amap.shape}")
 
 
-def _check_stack(amap: AttentionMap, what: str) -> None:
+def check_stack(amap: AttentionMap, what: str) -> None:
     """Rollout and flow multiply through every layer from the first one."""
-    _check_self(amap, what)
+    check_self(amap, what)
     if amap.layers != tuple(range(len(amap.layers))):
         raise InputError(f"{what} needs every layer from 0 in order; this map has layers "
                          f"{list(amap.layers)} (extract with layers=None)")
 
 
-def _augmented(amap: AttentionMap, *, residual: bool, head_reduce: HeadReduce) -> torch.Tensor:
+def augmented(amap: AttentionMap, *, residual: bool, head_reduce: HeadReduce) -> torch.Tensor:
     """``[layer, query, key]`` float64: heads reduced, rows renormalised, residual added."""
     if head_reduce not in HEAD_REDUCES:
         raise InputError(f"head_reduce must be one of {list(HEAD_REDUCES)}; got {head_reduce!r}")

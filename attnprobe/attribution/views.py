@@ -38,14 +38,14 @@ from torch import nn
 from attnprobe.attribution.attention_flow import FLOW_MAX_TOKENS, FLOW_SCALE, flow
 from attnprobe.attribution.model_views import (
     NORM_FAMILIES,
-    _attn_x_grad_matrix,
-    _norm_parts,
-    _one_text,
-    _out_family_check,
-    _target_name,
     attention_x_gradient,
+    attn_x_grad_matrix,
+    check_norm_family,
     norm_based,
     norm_importance,
+    norm_parts,
+    one_text,
+    target_name,
 )
 from attnprobe.attribution.view_common import HEAD_REDUCES as HEAD_REDUCES  # re-exported
 from attnprobe.attribution.view_common import QUERIES as QUERIES  # re-exported
@@ -53,13 +53,15 @@ from attnprobe.attribution.view_common import (
     HeadReduce,
     Query,
     Target,
-    _augmented,
-    _check_stack,
-    _layer_pos,
-    _read_query,
+    augmented,
+    check_stack,
+    layer_position,
+    read_query,
 )
+from attnprobe.capture.corpus import extract
+from attnprobe.capture.text import Truncation
+from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.extraction import extract
 from attnprobe.types import AttentionMap, TokenAttribution
 
 __all__ = [
@@ -95,9 +97,9 @@ def raw(amap: AttentionMap, layer: int, *, head: int | None = None,
     """
     if not isinstance(amap, AttentionMap):
         raise InputError(f"raw takes an AttentionMap; got {type(amap).__name__}")
-    pos = _layer_pos(amap, layer)
+    pos = layer_position(amap, layer)
     matrix = amap.pattern[pos].mean(0) if head is None else amap.head(layer, head)
-    return _read_query(matrix.to(torch.float64), query)
+    return read_query(matrix.to(torch.float64), query)
 
 
 def rollout(amap: AttentionMap, *, residual: bool = True,
@@ -117,8 +119,8 @@ def rollout(amap: AttentionMap, *, residual: bool = True,
     Returns:
         ``[layer, query, key]`` float64; every row sums to 1.
     """
-    _check_stack(amap, "rollout")
-    aug = _augmented(amap, residual=residual, head_reduce=head_reduce)
+    check_stack(amap, "rollout")
+    aug = augmented(amap, residual=residual, head_reduce=head_reduce)
     out = torch.empty_like(aug)
     joint = aug[0]
     out[0] = joint
@@ -131,15 +133,17 @@ def rollout(amap: AttentionMap, *, residual: bool = True,
 # ----------------------------------------------------------------------------- all views
 def attention_importance(model: nn.Module, tokenizer: Any, text: str,
                          target: Target | None = None, *, views: Sequence[str] = VIEWS,
-                         layers: Sequence[int] | None = None, query: Query = "cls",
-                         example_id: str = "") -> list[TokenAttribution]:
+                         scope: ScopeLike = "all", query: Query = "cls",
+                         example_id: str = "", truncation: Truncation = "error",
+                         max_length: int | None = None) -> list[TokenAttribution]:
     """Every requested attention view of one text, for every requested layer.
 
     Args:
         text: one input text.
         target: ``(output, inputs) -> Tensor[batch]``; needed by ``attn_x_grad`` only.
         views: any of ``raw``, ``rollout``, ``flow``, ``attn_x_grad``, ``norm``.
-        layers: model layer indices (default: all); ``attn_x_grad`` always spans all layers.
+        scope: the layers to report (:mod:`attnprobe.core.scope`; default all);
+            ``attn_x_grad`` always spans all layers.
         query: which row the views read (module docstring).
         example_id: carried into the results.
 
@@ -158,18 +162,18 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
     if "attn_x_grad" in views and target is None:
         raise InputError("view 'attn_x_grad' needs a target (what the gradient is taken of)")
     if "norm" in views:
-        _out_family_check(model)
-    _one_text(text)
-    maps = [m for m in extract(model, tokenizer, [text]) if m.kind == "self"]
+        check_norm_family(model)
+    one_text(text)
+    scope = Scope.parse(scope)
+    maps = [m for m in extract(model, tokenizer, [text], truncation=truncation,
+                               max_length=max_length) if m.kind == "self"]
     if not maps:
         raise InputError("the model has no self-attention map to read")
     amap = maps[0]
-    if layers is None:
-        layers = list(amap.layers)
-    else:
-        layers = [layers] if isinstance(layers, int) else list(layers)
-        for layer in layers:
-            _layer_pos(amap, layer)
+    layers = [layer for layer in amap.layers if scope.wants_layer(layer)]
+    if scope.layers is not None:
+        for layer in scope.layers:
+            layer_position(amap, layer)
     tokens = amap.key_tokens
     results: list[TokenAttribution] = []
 
@@ -183,20 +187,20 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
         elif view == "rollout":
             joint = rollout(amap)
             for layer in layers:
-                add(_read_query(joint[_layer_pos(amap, layer)], query), f"rollout@L{layer}")
+                add(read_query(joint[layer_position(amap, layer)], query), f"rollout@L{layer}")
         elif view == "flow":
             for layer in layers:
                 add(flow(amap, layer=layer, query=query), f"flow@L{layer}")
         elif view == "attn_x_grad":
-            relevance, grad_tokens = _attn_x_grad_matrix(model, tokenizer, text, target)
+            relevance, grad_tokens = attn_x_grad_matrix(model, tokenizer, text, target)
             if grad_tokens != tokens:
                 raise InputError("attention × gradient tokenised the text differently from the "
                                  "extracted map")
-            add(_read_query(relevance, query), "attn_x_grad", _target_name(target))
+            add(read_query(relevance, query), "attn_x_grad", target_name(target))
         else:  # norm
-            parts, _ = _norm_parts(model, tokenizer, text, layers)
+            parts, _ = norm_parts(model, tokenizer, text, layers)
             for layer in layers:
                 alpha, f = parts[layer]
                 norms = (alpha * f.norm(dim=-1)[:, None, :]).mean(0)
-                add(_read_query(norms, query), f"norm@L{layer}")
+                add(read_query(norms, query), f"norm@L{layer}")
     return results

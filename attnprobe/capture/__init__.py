@@ -1,8 +1,23 @@
-"""Hook-based capture and editing of attention (one seam for every kind of model)."""
+"""Hook-based capture and editing of attention (one seam for every kind of model), and the
+text -> batch path every corpus analysis shares.
 
+- :func:`capture` — the context manager: a model, a scope, and opt-in parts
+  (:mod:`attnprobe.capture.parts`);
+- :func:`extract` / :func:`head_stats` — texts in, maps or streaming statistics out;
+- :mod:`attnprobe.capture.text` — texts to padded batches (pairs, truncation, devices).
+"""
+
+from attnprobe.capture.calls import BatchPatterns
 from attnprobe.capture.context import Capture, capture
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.capture.corpus import extract, head_stats
 from attnprobe.capture.hooks import count_hooks, hook_point_paths
+from attnprobe.capture.info import attention_sizes, model_info, model_scope
+from attnprobe.capture.parts import Edit, EditOutput, Keep, Live, Part, Reduce, Scores, Values
 from attnprobe.capture.sites import Site
+from attnprobe.core.hook_point import HookPoint
 
-__all__ = ["Capture", "HookPoint", "Site", "capture", "count_hooks", "hook_point_paths"]
+__all__ = [
+    "BatchPatterns", "Capture", "Edit", "EditOutput", "HookPoint", "Keep", "Live", "Part",
+    "Reduce", "Scores", "Site", "Values", "attention_sizes", "capture", "count_hooks", "extract",
+    "head_stats", "hook_point_paths", "model_info", "model_scope",
+]

@@ -13,12 +13,25 @@ import torch
 from torch import nn
 
 from attnprobe.capture import hf, hooks
+from attnprobe.capture.assemble import batch_patterns, build_maps
 from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.info import model_info
-from attnprobe.capture.recorder import EditFn, Recorder
+from attnprobe.capture.parts import (
+    Edit,
+    EditFn,
+    EditOutput,
+    Keep,
+    Live,
+    Part,
+    Reduce,
+    Scores,
+    Values,
+)
+from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site
+from attnprobe.core.reducers import Reducer, Tally
+from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.heads.reducers import Reducer, Tally
 from attnprobe.types import AttentionMap
 
 
@@ -64,7 +77,7 @@ class Capture:
 
     @property
     def stats(self) -> pd.DataFrame:
-        """Tidy reducer results (``attnprobe.heads.reducers.STAT_COLUMNS``)."""
+        """Tidy reducer results (``attnprobe.core.reducers.STAT_COLUMNS``)."""
         return self.tally.to_frame()
 
 
@@ -108,67 +121,128 @@ def _causal(model: nn.Module, sites: Sequence[Site]) -> bool | None:
     return any(flags) if flags else None
 
 
+def _parts_from_flags(*, keep: bool, reducers: Sequence[Reducer] | None,
+                      query_block: int | None, edit: EditFn | None,
+                      edit_output: EditFn | None, live: bool, values: bool,
+                      scores: bool) -> list[Part]:
+    """The parts the keyword flags of :func:`capture` ask for (edits first)."""
+    parts: list[Part] = []
+    if edit is not None:
+        parts.append(Edit(edit))
+    if edit_output is not None:
+        parts.append(EditOutput(edit_output))
+    if keep:
+        parts.append(Keep())
+    if reducers:
+        parts.append(Reduce(reducers, query_block))
+    if live:
+        parts.append(Live())
+    if values:
+        parts.append(Values())
+    if scores:
+        parts.append(Scores())
+    return parts
+
+
+def _scope_of(scope: ScopeLike, layers: Sequence[int] | int | None,
+              heads: Sequence[int] | int | None) -> Scope:
+    if (layers is not None or heads is not None) and scope is not None:
+        raise InputError("give scope= or layers=/heads=, not both")
+    if scope is not None:
+        return Scope.parse(scope)
+    return Scope(layers, heads)
+
+
+def _seam(model: nn.Module, paths: Sequence[str] | None) -> str:
+    if paths is not None:
+        return "paths"
+    return "hf" if hf.is_hf_model(model) else "hook_points"
+
+
 @contextmanager
-def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
+def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] | None = None,
+            layers: Sequence[int] | int | None = None,
             heads: Sequence[int] | int | None = None, paths: Sequence[str] | None = None,
-            keep: bool = True, reducers: Sequence[Reducer] | None = None,
-            edit: EditFn | None = None, scores: bool = False, tokenizer: Any = None,
-            example_ids: Sequence[str] | None = None,
-            query_block: int | None = None, live: bool = False,
-            values: bool = False, stop_early: bool = False,
-            edit_output: EditFn | None = None) -> Iterator[Capture]:
+            tokenizer: Any = None, example_ids: Sequence[str] | None = None,
+            stop_early: bool = False, keep: bool = True,
+            reducers: Sequence[Reducer] | None = None, query_block: int | None = None,
+            edit: EditFn | None = None, edit_output: EditFn | None = None, live: bool = False,
+            values: bool = False, scores: bool = False) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
+
+    The core is a model and a scope; what happens to the weights is a list of parts
+    (:mod:`attnprobe.capture.parts`), given as ``parts=[...]`` or through the keyword flags
+    below (``keep=True`` alone by default).
 
     Args:
         model: a transformers model (any attention backend, SDPA included), an attnprobe
             reference model, or any module with pattern-producing submodules (``paths``).
-        layers / heads: model indices to capture; ``None`` means all. Other layers run
-            their original (fast) attention; other heads are not kept.
+        scope: which heads (:mod:`attnprobe.core.scope`: ``"layer:3"``, ``"heads:0.2,1.8"``
+            ...; default every head). Layers out of scope run their original (fast)
+            attention. ``layers=`` / ``heads=`` give a layers × heads scope instead.
+        parts: the parts to run (e.g. ``[Keep(), Reduce(reducers)]``); exclusive with the
+            flags below.
         paths: module paths whose outputs are ``[batch, head, query, key]`` patterns
             (e.g. ``blocks.0.attn.hook_pattern`` of a TransformerLens model).
-        keep: keep the maps (``cap.maps``). With ``keep=False`` only ``reducers`` run, on
-            blocks of query rows (``query_block`` rows, or as many as fit in 16 MiB), so
-            memory stays flat for long inputs.
-        reducers: streaming statistics (``attnprobe.heads.reducers``) fed as weights appear.
-        edit: ``edit(layer, pattern) -> pattern`` applied to requested layers between the
-            softmax and the values; the context checks it changed something.
-        scores: also keep pre-softmax scores (``AttentionMap.scores``); needs
-            ``hook_scores`` modules next to the patterns, as attnprobe's reference models have.
-        tokenizer: used to turn ids into token strings (``convert_ids_to_tokens``).
-        live: keep each site's weights in the autograd graph and retain their gradients
+        tokenizer: turns ids into token strings (``convert_ids_to_tokens``).
+        example_ids: ``example_id`` of each example's map, in batch order.
+        stop_early: end the forward as soon as the last scoped attention site has been read
+            (e.g. skip the last layer's feed-forward): for analyses of attention only. The
+            forward call then returns no output — the statement after it inside the ``with``
+            block does not run — and the context exits normally.
+        keep: :class:`~attnprobe.capture.parts.Keep` — keep the maps (``cap.maps``).
+        reducers / query_block: :class:`~attnprobe.capture.parts.Reduce` — streaming
+            statistics (``cap.tally``); with ``keep=False`` on blocks of query rows, so memory
+            stays flat for long inputs.
+        edit: :class:`~attnprobe.capture.parts.Edit` — ``edit(layer, pattern) -> pattern``
+            between the softmax and the values; the context checks it changed something.
+        edit_output: :class:`~attnprobe.capture.parts.EditOutput` — ``edit_output(layer,
+            output) -> output`` on per-head outputs ``[batch, head, query, d_head]``.
+        live: :class:`~attnprobe.capture.parts.Live` — weights in the autograd graph
             (``cap.live``), e.g. for attention × gradient.
-        values: keep each site's value vectors (``cap.values``), e.g. for the norm-based
-            view ``‖α f(x)‖``.
-        edit_output: ``edit_output(layer, output) -> output`` on each requested layer's
-            per-head outputs ``[batch, head, query, d_head]`` (weights times values, before
-            the output projection), e.g. mean-ablation; transformers models.
-        stop_early: end the forward as soon as the last requested attention site has been
-            read (e.g. skip the last layer's feed-forward): for analyses of attention only.
-            The forward call then returns no output — the statement after it inside the
-            ``with`` block does not run — and the context exits normally.
+        values: :class:`~attnprobe.capture.parts.Values` — value vectors (``cap.values``).
+        scores: :class:`~attnprobe.capture.parts.Scores` — pre-softmax scores
+            (``AttentionMap.scores``; hook-point models).
 
     Yields:
         A :class:`Capture`, filled when the context exits without error.
 
+    Raises:
+        InputError: before any forward, for a scope out of range or a part the model's
+            seam cannot serve (e.g. ``values=True`` on a reference model).
+
+    Concurrent captures of one model (threads) each see only their own forwards; the model's
+    attention implementation is restored when the last of them exits.
+
     Example:
-        >>> with ap.capture(model, layers=[2], heads=[0, 8]) as cap:
+        >>> with ap.capture(model, "heads:2.0,2.8") as cap:
         ...     model(**batch)
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
-    recorder = Recorder(layers=layers, heads=heads, keep=keep, reducers=reducers, edit=edit,
-                        query_block=query_block, live=live, values=values,
-                        edit_output=edit_output)
+    flags = _parts_from_flags(keep=keep, reducers=reducers, query_block=query_block, edit=edit,
+                              edit_output=edit_output, live=live, values=values, scores=scores)
+    if parts is not None:
+        if [type(p) for p in flags] != [Keep]:
+            raise InputError("give parts=[...] or the keyword flags (keep, reducers, edit, ...), "
+                             "not both")
+        flags = list(parts)
+    seam = _seam(model, paths)
+    for part in flags:
+        if not isinstance(part, Part):
+            raise InputError(f"parts must be capture parts (Keep, Reduce, Edit, ...); got "
+                             f"{type(part).__name__}")
+        part.check_seam(seam)
+    if sum(isinstance(p, Edit) for p in flags) > 1 or \
+            sum(isinstance(p, EditOutput) for p in flags) > 1:
+        raise InputError("one Edit and one EditOutput per capture; compose the functions")
+    recorder = Recorder(_scope_of(scope, layers, heads), flags)
     result = Capture()
-    use_hf = paths is None and hf.is_hf_model(model)
     with ExitStack() as stack:
-        if use_hf:
-            if scores:
-                raise InputError("scores=True works on models with hook_scores modules "
-                                 "(reference models); transformers models expose only weights")
+        if seam == "hf":
             sites = stack.enter_context(hf.hf_seam(model, recorder))
             implementation = "eager (attnprobe seam)"
         else:
-            sites = stack.enter_context(hooks.path_seam(model, recorder, paths, scores=scores))
+            sites = stack.enter_context(hooks.path_seam(model, recorder, paths))
             implementation = "hooks"
         handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
         stack.callback(handle.remove)
@@ -184,10 +258,13 @@ def capture(model: nn.Module, *, layers: Sequence[int] | int | None = None,
     info = model_info(model, implementation=implementation, n_layers=recorder.n_layers,
                       n_heads=recorder.n_heads, causal=_causal(model, sites))
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
-    result._assemble = partial(recorder.build_maps, info, to_tokens, example_ids)
-    result._batches = recorder.batch_patterns
+    result._assemble = partial(build_maps, recorder.calls, recorder.kept_heads,
+                               set(recorder.edit_changes), info, to_tokens, example_ids)
+    result._batches = partial(batch_patterns, recorder.calls, recorder.kept_heads)
     result.tally = recorder.tally
     result.sites = list(sites)
-    result.edits = recorder.edits_frame()
+    result.edits = pd.DataFrame(
+        [(s.stack, s.kind, s.layer, s.path, c) for s, c in recorder.edit_changes.items()],
+        columns=["stack", "kind", "layer", "path", "max_abs_change"])
     result.live = [call.live for call in recorder.calls if call.live]
     result.values = [call.values for call in recorder.calls if call.values]

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe._optional import require
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site, attention_modules, layer_counts, site_for_path
+from attnprobe.core.optional import require
 from attnprobe.errors import AttentionUnavailableError, InputError
 
 PREFIX = "attnprobe_"
@@ -261,6 +261,46 @@ def hf_sites(model: nn.Module) -> list[Site]:
             for path, mod in attention_modules(model).items()]
 
 
+# id(model) -> [saved (config, implementation) pairs, open capture contexts]
+_SWITCHED: dict[int, list[Any]] = {}
+_SWITCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _switched(model: nn.Module, name: str) -> Iterator[None]:
+    """Route ``model``'s attention through ``name`` while any capture of it is open.
+
+    The first context saves every config's implementation and switches; the last one restores
+    them. Contexts of different threads may overlap in any order (A enters, B enters, A exits,
+    B exits): the model stays switched until B exits and is then exactly as it was.
+    """
+    with _SWITCH_LOCK:
+        entry = _SWITCHED.get(id(model))
+        if entry is None:
+            saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
+            try:
+                model.set_attn_implementation(name)
+                if model.config._attn_implementation != name:
+                    raise AttentionUnavailableError(
+                        f"{type(model).__name__} does not route attention through "
+                        "transformers' AttentionInterface; capture it with paths=[...] instead")
+            except BaseException:
+                for config, implementation in saved:
+                    config._attn_implementation_internal = implementation
+                raise
+            entry = _SWITCHED[id(model)] = [saved, 0]
+        entry[1] += 1
+    try:
+        yield
+    finally:
+        with _SWITCH_LOCK:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _SWITCHED[id(model)]
+                for config, implementation in entry[0]:
+                    config._attn_implementation_internal = implementation
+
+
 @contextmanager
 def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
     """Switch ``model`` to the attnprobe attention function; yield the sites it will see."""
@@ -272,18 +312,10 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
         raise AttentionUnavailableError(
             f"no attention modules found in {type(model).__name__}; pass paths=[...]")
     recorder.check_layers(layer_counts(sites))
-    saved = [(config, config._attn_implementation_internal) for config in _configs(model)]
     session = _Session(model, recorder, sites)
-    with _registered(delegate) as name:
+    with _registered(delegate) as name, _switched(model, name):
         token = _ACTIVE.set((*_ACTIVE.get(), session))
         try:
-            model.set_attn_implementation(name)
-            if model.config._attn_implementation != name:
-                raise AttentionUnavailableError(
-                    f"{type(model).__name__} does not route attention through transformers' "
-                    "AttentionInterface; capture it with paths=[...] instead")
             yield [s for s in sites if recorder.wants(s)]
         finally:
             _ACTIVE.reset(token)
-            for config, implementation in saved:
-                config._attn_implementation_internal = implementation

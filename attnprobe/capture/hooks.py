@@ -14,9 +14,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.capture.parts import Scores
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site, layer_counts, site_for_path
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import AttentionUnavailableError, InputError
 
 PATTERN_SUFFIX = "hook_pattern"
@@ -81,13 +82,11 @@ def scores_path(model: nn.Module, pattern_path: str) -> str:
 
 
 @contextmanager
-def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None, *,
-              scores: bool = False) -> Iterator[list[Site]]:
-    """Hook each pattern-producing module (and optionally its ``hook_scores`` sibling);
-    handles are removed even if the forward raises."""
-    if recorder.values or recorder.edit_output is not None:
-        raise InputError("values=True and edit_output work inside transformers' attention "
-                         "function; hook-point models expose only patterns")
+def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None
+              ) -> Iterator[list[Site]]:
+    """Hook each pattern-producing module (and, for the Scores part, its ``hook_scores``
+    sibling); handles are removed even if the forward raises."""
+    scores = any(isinstance(part, Scores) for part in recorder.parts)
     paths = list(paths) if paths is not None else hook_point_paths(model)
     if not paths:
         raise AttentionUnavailableError(

@@ -7,13 +7,15 @@ import sys
 import torch
 from torch import nn
 
+from attnprobe.capture import hf, hooks
+from attnprobe.capture.sites import layer_counts
+from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.version import __version__
 from attnprobe.types import ModelInfo
 
 
 def library_versions() -> dict[str, str]:
     """Versions of what produced a result (only libraries already imported)."""
-    from attnprobe import __version__
-
     versions = {"attnprobe": __version__, "torch": torch.__version__.split("+")[0]}
     if "transformers" in sys.modules:
         versions["transformers"] = sys.modules["transformers"].__version__
@@ -50,3 +52,26 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
     return ModelInfo(name=str(name), arch=str(arch), n_layers=layers, n_heads=heads,
                      causal=causal, attn_implementation=implementation, dtype=_dtype(model),
                      versions=library_versions())
+
+
+def attention_sizes(model: nn.Module) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` of a model's attention (0 when unknown).
+
+    Layers are counted from the attention sites the capture seam will see (the longest stack),
+    heads come from the config (``num_attention_heads``, ``n_heads`` ...), as in
+    :func:`model_info`.
+    """
+    if hf.is_hf_model(model):
+        sites = hf.hf_sites(model)
+    else:
+        paths = hooks.hook_point_paths(model)
+        sites = hooks.path_sites(model, paths) if paths else []
+    info = model_info(model, implementation="")
+    n_layers = max(layer_counts(sites).values(), default=0) or info.n_layers
+    return n_layers, info.n_heads
+
+
+def model_scope(model: nn.Module, scope: ScopeLike) -> Scope:
+    """``scope`` parsed and checked against the model's layers and heads (one-line error)."""
+    n_layers, n_heads = attention_sizes(model)
+    return Scope.parse(scope).validate(n_layers, n_heads, name=type(model).__name__)

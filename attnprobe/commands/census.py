@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 from typing import Any
 
 import pandas as pd
 
 from attnprobe.commands.common import (
-    MAX_SKIPPED_SHOWN,
-    check_out,
+    check_tables,
+    corpus_args,
     corpus_from_args,
+    corpus_options,
     count_noun,
     distributed_group,
     positive,
-    text_args,
+    report_skipped,
     write_table,
     wrote,
 )
@@ -32,23 +32,18 @@ def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, rep
     texts, trees = corpus_from_args(args)
     model, tokenizer = load_model(args.model)
     result = census(model, tokenizer, texts, trees=trees, syntax=syntax if texts else None,
-                    similarity=similarity, repeated=repeated, batch_size=args.batch_size,
-                    max_length=args.max_length, on_long="skip" if args.skip_long else "error",
-                    from_agg=from_agg, distributed=world > 1, progress=not args.quiet)
-    if result.skipped and rank == 0:
-        shown = ", ".join(result.skipped[:MAX_SKIPPED_SHOWN])
-        more = len(result.skipped) - MAX_SKIPPED_SHOWN
-        print(f"skipped {count_noun(len(result.skipped), 'sentence')} longer than the model allows "
-              f"(ids: {shown}{f', ... and {more} more' if more > 0 else ''})", file=sys.stderr)
+                    similarity=similarity, repeated=repeated, max_length=args.max_length,
+                    from_agg=from_agg, distributed=world > 1, **corpus_options(args))
+    if rank == 0:
+        report_skipped(result.skipped, "sentence")
     return result
 
 
 def cmd_heads(args: argparse.Namespace) -> int:
     from attnprobe.heads.labels import PRECEDENCE
 
-    out = check_out(args.out, "--out")
-    profile = check_out(args.profile, "--profile")
-    distances = check_out(args.distances, "--distances")
+    out, profile, distances = check_tables(("--out", args.out), ("--profile", args.profile),
+                                           ("--distances", args.distances))
     if distances is not None and args.no_similarity:
         raise AttnProbeError("--distances needs head similarity; drop --no-similarity")
     with distributed_group(args.distributed) as (rank, world):
@@ -75,7 +70,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_syntax(args: argparse.Namespace) -> int:
-    out = check_out(args.out, "--out")
+    (out,) = check_tables(("--out", args.out))
     with distributed_group(args.distributed) as (rank, world):
         result = _run_census(args, syntax=True, similarity=False, repeated=False,
                              from_agg=args.from_agg, world=world, rank=rank)
@@ -100,18 +95,9 @@ def cmd_syntax(args: argparse.Namespace) -> int:
 
 def _census_args(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``heads`` and ``syntax``."""
-    text_args(parser)
+    corpus_args(parser, batch_help="sentences per forward",
+                seed_help="seeds the repeated-random-token probe (default 0)")
     parser.add_argument("--conllu", help="a CoNLL-U file of dependency trees (instead of text)")
-    parser.add_argument("--batch-size", type=positive, default=32, help="sentences per batch")
-    parser.add_argument("--max-length", type=positive, help="cap on tokens per sentence")
-    parser.add_argument("--skip-long", action="store_true",
-                        help="leave out sentences longer than the model allows (listed on "
-                             "stderr) instead of failing")
-    parser.add_argument("--distributed", action="store_true",
-                        help="under torchrun (WORLD_SIZE > 1): split the batches over the "
-                             "processes (gloo); rank 0 writes and prints. No-op otherwise")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar or 'wrote' notes on stderr")
 
 
 HEADS_EXAMPLE = """examples:

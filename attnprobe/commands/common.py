@@ -1,12 +1,13 @@
-"""What every ``attnprobe`` command shares: reading texts, checking and writing tables,
-index lists, one-line usage errors, and the torch.distributed group under torchrun."""
+"""What every ``attnprobe`` command shares: the corpus options (model, texts, scope, batch
+size, truncation, seed, ``--distributed``, ``--quiet``), reading texts, checking outputs before
+the run and writing tables atomically, and one-line usage errors."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,33 +15,118 @@ from typing import Any
 
 import pandas as pd
 
-from attnprobe.errors import AttnProbeError
+from attnprobe.capture.text import DEFAULT_BATCH_SIZE
+from attnprobe.core.files import atomic_write, check_outputs
+from attnprobe.core.scope import SCOPE_FORMS, Scope
+from attnprobe.errors import AttnProbeError, InputError, OutputError
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
-
-
-_INDEX_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-MAX_INDICES = 4096  # no model has more layers or heads; stops "0-99999999" early
 MAX_SKIPPED_SHOWN = 10  # ids of skipped sentences listed on stderr
 
 
-def int_list(text: str) -> list[int]:
-    """``"0,2,5"`` or ``"0-3"`` -> model indices."""
-    values: list[int] = []
-    for part in text.split(","):
-        match = _INDEX_ITEM.match(part)
-        if not match:
-            raise argparse.ArgumentTypeError(f"expected indices like 0,2 or 0-3; got {text!r}")
-        low = int(match.group(1))
-        high = int(match.group(2)) if match.group(2) is not None else low
-        if high < low or high - low >= MAX_INDICES:
-            raise argparse.ArgumentTypeError(f"bad range {part.strip()!r} in {text!r}")
-        values.extend(range(low, high + 1))
-    return values
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line (the usage is in --help)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"attnprobe: error: {message}\n")
 
 
+# ------------------------------------------------------------------------------- value types
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number >= 1; got 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0; got {text}")
+    return value
+
+
+def names(text: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``."""
+    found = [part.strip() for part in text.split(",") if part.strip()]
+    if not found:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names; got {text!r}")
+    return found
+
+
+def scope_value(text: str) -> Scope:
+    try:
+        return Scope.parse(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------------- options
+def text_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="minilm",
+                        help="minilm (default), ref:<name>, or a local HF model directory")
+    parser.add_argument("--text", action="append", help="a text (repeatable); a tab inside "
+                        "makes it a sentence pair")
+    parser.add_argument("--text-file", help="a UTF-8 file with one text per line")
+
+
+def corpus_args(parser: argparse.ArgumentParser, *, batch_help: str = "texts per forward",
+                seed_help: str = "seeds every random choice (default 0)") -> None:
+    """The options of every corpus command, with the same names, meanings and defaults as
+    the Python signature ``(model, tokenizer, texts, *, scope, batch_size, truncation, seed,
+    progress)``."""
+    text_args(parser)
+    parser.add_argument("--scope", action="append", type=scope_value, metavar="SCOPE",
+                        help=f"heads to analyse (repeatable, merged): {SCOPE_FORMS}; "
+                             "default all")
+    parser.add_argument("--batch-size", type=positive, default=DEFAULT_BATCH_SIZE,
+                        help=f"{batch_help} (default {DEFAULT_BATCH_SIZE})")
+    long = parser.add_mutually_exclusive_group()
+    long.add_argument("--truncate", action="store_true",
+                      help="cut texts longer than the model allows instead of failing")
+    long.add_argument("--skip-long", action="store_true",
+                      help="leave out texts longer than the model allows (listed on stderr)")
+    parser.add_argument("--max-length", type=positive, help="cap on tokens per text")
+    parser.add_argument("--seed", type=non_negative, default=0, help=seed_help)
+    parser.add_argument("--distributed", action="store_true",
+                        help="under torchrun (WORLD_SIZE > 1): split the work over the "
+                             "processes (gloo); rank 0 writes and prints. No-op otherwise")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or 'wrote' notes on stderr")
+
+
+def scope_of(args: argparse.Namespace) -> Scope:
+    """The merged ``--scope`` options (every head when none is given)."""
+    return Scope.parse(args.scope) if args.scope else Scope()
+
+
+def truncation_of(args: argparse.Namespace) -> str:
+    return "cut" if args.truncate else "skip" if args.skip_long else "error"
+
+
+def corpus_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of the shared corpus signature, from the parsed options."""
+    return {"scope": scope_of(args), "batch_size": args.batch_size,
+            "truncation": truncation_of(args), "seed": args.seed, "progress": not args.quiet}
+
+
+# ------------------------------------------------------------------------------- inputs
 def texts_from_args(args: argparse.Namespace,
-           hint: str = "pass --text \"...\" or --text-file FILE (one text a line)") -> list[str]:
+                    hint: str = "pass --text \"...\" or --text-file FILE (one text a line)"
+                    ) -> list[str]:
     texts = list(args.text or [])
     if args.text_file:
         path = Path(args.text_file)
@@ -71,35 +157,67 @@ def corpus_from_args(args: argparse.Namespace) -> tuple[list[str] | None, list[A
     return None, read_conllu(Path(args.conllu))
 
 
-def check_out(out: str | None, option: str) -> Path | None:
-    """A table path (``.csv``/``.parquet``/``.json``) whose folder exists; checked before
-    the run, so a typo does not cost a census."""
+def report_skipped(skipped: tuple[str, ...] | list[str], what: str = "text") -> None:
+    if not skipped:
+        return
+    shown = ", ".join(skipped[:MAX_SKIPPED_SHOWN])
+    more = len(skipped) - MAX_SKIPPED_SHOWN
+    print(f"skipped {count_noun(len(skipped), what)} longer than the model allows "
+          f"(ids: {shown}{f', ... and {more} more' if more > 0 else ''})", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------- outputs
+def table_path(out: str | None, option: str) -> Path | None:
+    """A table path (``.csv``/``.parquet``/``.json``), or None."""
     if out is None:
         return None
     path = Path(out)
     if path.suffix not in TABLE_SUFFIXES:
-        raise AttnProbeError(f"{option} must end in {', '.join(TABLE_SUFFIXES)}; got {out}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+        raise OutputError(f"{option} must end in {', '.join(TABLE_SUFFIXES)}; got {out}")
     return path
 
 
+def check_tables(*outputs: tuple[str, str | None]) -> list[Path | None]:
+    """Each ``(option, path)`` as a table path, all checked together before the run (no two
+    the same, none a directory, every folder writable)."""
+    paths = [table_path(value, option) for option, value in outputs]
+    check_outputs(list(outputs))
+    return paths
+
+
 def write_table(frame: pd.DataFrame, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``frame`` by suffix, atomically (a killed run leaves no partial table)."""
     if out.suffix == ".csv":
-        frame.to_csv(out, index=False)
+        atomic_write(out, lambda tmp: frame.to_csv(tmp, index=False))
     elif out.suffix == ".parquet":
         try:
-            frame.to_parquet(out, index=False)
+            import pyarrow  # noqa: F401
         except ImportError:
             raise AttnProbeError("writing .parquet needs pyarrow (pip install pyarrow); "
                                  "or use .csv/.json") from None
+        atomic_write(out, lambda tmp: frame.to_parquet(tmp, index=False))
     elif out.suffix == ".json":
-        frame.to_json(out, orient="records", indent=1)
+        atomic_write(out, lambda tmp: frame.to_json(tmp, orient="records", indent=1))
     else:
-        raise AttnProbeError(f"unsupported output suffix {out.suffix!r}; use "
-                             f"{', '.join(TABLE_SUFFIXES)}")
+        raise OutputError(f"unsupported output suffix {out.suffix!r}; use "
+                          f"{', '.join(TABLE_SUFFIXES)}")
 
 
+def count_noun(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def wrote(args: argparse.Namespace, what: str, path: Path) -> None:
+    if not args.quiet:
+        print(f"wrote {what} to {path}", file=sys.stderr)
+
+
+def show_rows(text: str) -> int:
+    """``--show N``: rows to print, at least 1."""
+    return positive(text)
+
+
+# ------------------------------------------------------------------------------- torchrun
 @contextlib.contextmanager
 def distributed_group(enabled: bool) -> Iterator[tuple[int, int]]:
     """``(rank, world_size)`` of this process; with ``enabled`` and ``WORLD_SIZE > 1`` in the
@@ -130,43 +248,3 @@ def distributed_group(enabled: bool) -> Iterator[tuple[int, int]]:
         yield dist.get_rank(), dist.get_world_size()
     finally:
         dist.destroy_process_group()
-
-
-def count_noun(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def wrote(args: argparse.Namespace, what: str, path: Path) -> None:
-    if not args.quiet:
-        print(f"wrote {what} to {path}", file=sys.stderr)
-
-
-def text_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="minilm",
-                        help="minilm (default), ref:<name>, or a local HF model directory")
-    parser.add_argument("--text", action="append", help="a text (repeatable)")
-    parser.add_argument("--text-file", help="a UTF-8 file with one text per line")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line (the usage is in --help)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"attnprobe: error: {message}\n")
-
-
-def non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {value}")
-    return value
-
-
-def positive(text: str) -> int:
-    value = non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected a number >= 1; got 0")
-    return value

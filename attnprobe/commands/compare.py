@@ -8,10 +8,12 @@ from typing import Any
 import pandas as pd
 
 from attnprobe.commands.common import (
-    check_out,
-    int_list,
+    check_tables,
+    corpus_args,
+    corpus_options,
+    distributed_group,
+    names,
     positive,
-    text_args,
     texts_from_args,
     write_table,
     wrote,
@@ -21,21 +23,14 @@ COMPARE_EXAMPLE = """examples:
   attnprobe compare --model minilm --text-file s.txt --target "similarity:A cat sits." \\
       --out compare.csv --summary summary.csv
   attnprobe compare --model path/to/classifier --text "Great film." --target class:1 \\
-      --methods integrated_gradients,leave_one_out --views raw,rollout --layers 0,5
+      --methods integrated_gradients,leave_one_out --views raw,rollout --scope layers:0,5
 
 Targets: class:K, prob:K (classifiers), next-token[:ID] (causal LMs), similarity:TEXT
 (embedding models: cosine similarity of mean-pooled embeddings). Writes one row per
 example, attention view (at each layer) or method, reference method and metric (kendall_tau,
-spearman_rho, topk_overlap, jsd) with value and p_value; --summary writes mean, std and the
+spearman, topk_overlap, jsd) with value and p_value; --summary writes mean, std and the
 share of examples with p <= 0.05.
 """
-
-
-def _names(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated names; got {text!r}")
-    return names
 
 
 def _query(text: str) -> str | int:
@@ -46,13 +41,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from attnprobe.attribution.comparison import compare
     from attnprobe.loading import load_model
 
-    out = check_out(args.out, "--out")
-    summary_out = check_out(args.summary, "--summary")
+    out, summary_out = check_tables(("--out", args.out), ("--summary", args.summary))
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
-    result = compare(model, tokenizer, texts, args.target, methods=args.methods,
-                     views=args.views, layers=args.layers, query=args.query,
-                     n_steps=args.n_steps, progress=not args.quiet)
+    with distributed_group(args.distributed) as (rank, world):
+        result = compare(model, tokenizer, texts, args.target, methods=args.methods,
+                         views=args.views, query=args.query, n_steps=args.n_steps,
+                         max_length=args.max_length, distributed=world > 1,
+                         **corpus_options(args))
+        if rank != 0:
+            return 0
     write_table(result.table, out)
     wrote(args, f"{len(result.table)} agreement rows", out)
     summary = result.summary()
@@ -75,15 +73,14 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("compare", help="attention views vs gradient attributions",
                             epilog=COMPARE_EXAMPLE,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    text_args(parser)
+    corpus_args(parser, seed_help="seeds the random baselines of GradientSHAP (default 0)")
     parser.add_argument("--target", required=True,
                         help="what to explain: class:K, prob:K, next-token[:ID], "
                              "similarity:TEXT")
-    parser.add_argument("--methods", type=_names, default=list(DEFAULT_METHODS),
+    parser.add_argument("--methods", type=names, default=list(DEFAULT_METHODS),
                         help=f"attribution methods (default {','.join(DEFAULT_METHODS)})")
-    parser.add_argument("--views", type=_names, default=list(DEFAULT_VIEWS),
+    parser.add_argument("--views", type=names, default=list(DEFAULT_VIEWS),
                         help=f"attention views (default {','.join(DEFAULT_VIEWS)}; also flow)")
-    parser.add_argument("--layers", type=int_list, help="layers for the views, e.g. 0,5 or 0-5")
     parser.add_argument("--query", type=_query, default="cls",
                         help="row the views read: cls (default), last, mean, max, or an index")
     parser.add_argument("--n-steps", type=positive, default=50,
@@ -91,6 +88,4 @@ def register(sub: Any) -> None:
     parser.add_argument("--out", default="compare.csv",
                         help="agreement table: .csv, .parquet or .json (default compare.csv)")
     parser.add_argument("--summary", help="also write the per-view summary table here")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar or 'wrote' notes on stderr")
     parser.set_defaults(run=cmd_compare)

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 import pandas as pd
 
 from attnprobe.commands.common import (
-    check_out,
-    non_negative,
+    check_tables,
+    corpus_args,
+    corpus_options,
+    distributed_group,
+    names,
     positive,
-    text_args,
+    positive_float,
     texts_from_args,
     write_table,
     wrote,
 )
-from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.core.scope import SCOPE_FORMS
+from attnprobe.errors import AttnProbeError
 
 PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model ref:bilstm-classifier --text "the cat sat on the red mat" \\
@@ -36,7 +39,7 @@ re-draws), uniform, ablate (zero the heads), mean (mean-ablation, transformers m
 erase (Serrano & Smith: keys erased by attention, Integrated Gradients and random order),
 adversarial (Jain & Wallace: the most different attention within TVD eps), importance
 (Michel et al.: head importance and the pruning curve).
-Scopes: all, layer:3, layers:2,3, head:3.5, heads:3.5,3.7 (L3H5 and *.5 work too).
+Scopes: {scopes}; a repeated --scope merges.
 Writes one row per text, perturbation and metric: experiment, perturbation, params, scope,
 example_id, step, metric, baseline, perturbed, change.
 """
@@ -63,32 +66,6 @@ def _experiment(text: str) -> str:
     return text
 
 
-def _scope(text: str) -> Any:
-    from attnprobe.perturb import Scope
-
-    try:
-        return Scope.parse(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0; got {text}")
-    return value
-
-
-def _names(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"expected comma-separated names; got {text!r}")
-    return names
-
-
 def _keywords(args: argparse.Namespace) -> dict[str, Any]:
     """run() keywords from the experiment-specific flags; a flag given to another experiment
     is an error, not silently ignored."""
@@ -101,10 +78,6 @@ def _keywords(args: argparse.Namespace) -> dict[str, Any]:
             raise AttnProbeError(f"{flag} applies to --experiment {owner}, not "
                                  f"{args.experiment}")
         keywords[keyword] = value
-    if args.batch_size is not None:
-        keywords["batch_size"] = args.batch_size
-    if args.truncate:
-        keywords["truncation"] = True
     return keywords
 
 
@@ -119,16 +92,20 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     from attnprobe.loading import load_model
     from attnprobe.perturb.experiments import run
 
-    out = check_out(args.out, "--out")
+    (out,) = check_tables(("--out", args.out))
     keywords = _keywords(args)
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
-    table = run(model, tokenizer, texts, args.experiment, scope=args.scope, output=args.output,
-                seed=args.seed, target=args.target, progress=not args.quiet, **keywords)
+    options = corpus_options(args)
+    with distributed_group(args.distributed) as (rank, _world):
+        table = run(model, tokenizer, texts, args.experiment, output=args.output,
+                    target=args.target, **options, **keywords)
+        if rank != 0:
+            return 0
     write_table(table, out)
     wrote(args, f"{len(table)} rows", out)
-    print(f"{len(texts)} texts, experiment {args.experiment}, scope {args.scope}: median change "
-          "per perturbation and metric")
+    print(f"{len(texts)} texts, experiment {args.experiment}, scope {options['scope']}: "
+          "median change per perturbation and metric")
     shown = summary(table)
     with pd.option_context("display.width", 120, "display.max_rows", 40,
                            "display.float_format", "{:.4g}".format):
@@ -139,24 +116,21 @@ def cmd_perturb(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``perturb`` to the ``attnprobe`` sub-command parsers."""
     parser = sub.add_parser("perturb", help="perturb attention and measure the output change",
-                            epilog=PERTURB_EXAMPLE,
+                            epilog=PERTURB_EXAMPLE.format(scopes=SCOPE_FORMS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    text_args(parser)
+    corpus_args(parser, batch_help="forward rows: texts, or draws / erasure steps of one text")
     parser.add_argument("--experiment", required=True, type=_experiment,
                         help="permute, dirichlet, uniform, ablate, mean, erase, adversarial or "
                              "importance")
-    parser.add_argument("--scope", type=_scope, default="all",
-                        help="heads to perturb: all (default), layer:3, layers:2,3, head:3.5, "
-                             "heads:3.5,3.7")
     parser.add_argument("--output", default="auto",
                         choices=["auto", "classifier", "lm", "embedding"],
                         help="what is compared: classifier probabilities, the next-token "
                              "distribution, or the mean-pooled embedding (default: auto)")
     parser.add_argument("--permutations", type=positive,
                         help="permute/dirichlet: draws per text (default 100)")
-    parser.add_argument("--alpha", type=_positive_float,
+    parser.add_argument("--alpha", type=positive_float,
                         help="dirichlet: concentration (default 1)")
-    parser.add_argument("--eps", type=_positive_float,
+    parser.add_argument("--eps", type=positive_float,
                         help="adversarial: output budget, TVD (default 0.01)")
     parser.add_argument("--adversaries", type=positive,
                         help="adversarial: adversaries per text and layer (default 5)")
@@ -164,22 +138,14 @@ def register(sub: Any) -> None:
                         help="adversarial: Adam steps (default 500)")
     parser.add_argument("--k", type=positive,
                         help="erase: report k = 1..K erased keys (default 1)")
-    parser.add_argument("--rankings", type=_names,
+    parser.add_argument("--rankings", type=names,
                         help="erase: key orders (default attention,integrated_gradients,random;"
                              " any attribution method)")
     parser.add_argument("--prune-steps", type=positive,
                         help="importance: points on the pruning curve (default: every head)")
-    parser.add_argument("--seed", type=non_negative, default=0,
-                        help="seeds every random choice (default 0)")
     parser.add_argument("--target",
                         help="erase: what the attribution ranking explains; importance: the "
                              "loss (class:K, next-token[:ID], similarity:TEXT)")
-    parser.add_argument("--batch-size", type=positive,
-                        help="forward rows (texts, or draws / erasure steps of one text)")
-    parser.add_argument("--truncate", action="store_true",
-                        help="cut texts longer than the model allows instead of failing")
     parser.add_argument("--out", default="perturb.csv",
                         help="result table: .csv, .parquet or .json (default perturb.csv)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar or 'wrote' notes on stderr")
     parser.set_defaults(run=cmd_perturb)

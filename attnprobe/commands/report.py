@@ -7,8 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnprobe.commands.common import positive, text_args, texts_from_args
-from attnprobe.errors import AttnProbeError
+from attnprobe.commands.common import (
+    corpus_args,
+    corpus_options,
+    distributed_group,
+    positive,
+    report_skipped,
+    texts_from_args,
+)
+from attnprobe.core.files import check_outputs
+from attnprobe.errors import OutputError
 
 REPORT_EXAMPLE = """examples:
   attnprobe report --model minilm --text-file analyses/data/census_sentences.txt --syntax \\
@@ -26,42 +34,47 @@ with --syntax, attention vs attributions with --target and a perturbation table 
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attnprobe.extraction import extract
+    from attnprobe.capture import extract
     from attnprobe.heads.head_census import census
     from attnprobe.loading import load_model
     from attnprobe.report import build
 
     out = Path(args.out)
     if out.suffix.lower() not in (".html", ".htm"):
-        raise AttnProbeError(f"--out must end in .html; got {args.out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+        raise OutputError(f"--out must end in .html; got {args.out}")
+    check_outputs([("--out", out)])
     if args.maps:  # maps saved by `attnprobe extract --out maps.npz`: no model needed
         from attnprobe.report import report_from_maps
 
         if args.text or args.text_file:
-            raise AttnProbeError("--maps cannot be combined with --text/--text-file")
+            raise OutputError("--maps cannot be combined with --text/--text-file")
         page = report_from_maps(args.maps, title=args.title)
         page.save(out)
         print(f"attention view of the maps in {args.maps}: {out}")
         return 0
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
-    result = census(model, tokenizer, texts, syntax=args.syntax, batch_size=args.batch_size,
-                    on_long="skip" if args.skip_long else "error", progress=not args.quiet)
+    options = corpus_options(args)
+    with distributed_group(args.distributed) as (rank, world):
+        result = census(model, tokenizer, texts, syntax=args.syntax, distributed=world > 1,
+                        **options)
+        if rank != 0:
+            return 0
+    report_skipped(result.skipped)
     shown = texts[:args.view_texts]
-    maps = extract(model, tokenizer, shown, truncation=True)
+    quiet = {**options, "progress": False, "truncation": "cut"}
+    maps = extract(model, tokenizer, shown, **quiet)
     comparison = perturbation = None
     if args.target:
         from attnprobe.attribution.comparison import compare
 
         comparison = compare(model, tokenizer, shown, args.target,
                              methods=["integrated_gradients", "saliency", "leave_one_out"],
-                             views=["raw", "rollout"], n_steps=args.n_steps)
+                             views=["raw", "rollout"], n_steps=args.n_steps, **quiet)
     if args.perturb:
         from attnprobe.perturb.experiments import run
 
-        perturbation = run(model, tokenizer, shown, args.perturb, scope=args.scope,
-                           target=args.target)
+        perturbation = run(model, tokenizer, shown, args.perturb, target=args.target, **quiet)
     page = build(maps=maps, census=result, syntax=result.syntax() if args.syntax else None,
                  comparison=comparison, perturbation=perturbation, title=args.title)
     page.save(out)
@@ -76,15 +89,12 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("report", help="one self-contained HTML page: heads, labels, "
                                            "attention view", epilog=REPORT_EXAMPLE,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    text_args(parser)
+    corpus_args(parser, batch_help="census sentences per forward")
     parser.add_argument("--out", default="report.html", help="the page (default report.html)")
     parser.add_argument("--syntax", action="store_true",
                         help="parse the texts with spaCy: syntax scores and table")
     parser.add_argument("--view-texts", type=positive, default=3,
                         help="texts shown in the attention view (default 3)")
-    parser.add_argument("--batch-size", type=positive, default=32, help="census batch size")
-    parser.add_argument("--skip-long", action="store_true",
-                        help="leave out texts longer than the model allows")
     parser.add_argument("--target",
                         help="also compare attention with attributions on the shown texts "
                              "(class:K, next-token, similarity:TEXT ...)")
@@ -93,10 +103,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--perturb", metavar="EXPERIMENT",
                         help="also run a perturbation experiment on the shown texts "
                              "(uniform, ablate, permute, ...)")
-    parser.add_argument("--scope", default="all",
-                        help="heads --perturb touches: all, layer:3, head:3.5 (default all)")
     parser.add_argument("--maps", help="build from maps saved by `attnprobe extract --out "
                                        "maps.npz` instead of running a model")
     parser.add_argument("--title", default="attnprobe report", help="page title")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(run=cmd_report)

@@ -16,46 +16,15 @@ Statistic names are documented in :mod:`attnprobe.heads.scores`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from attnprobe.heads.reducers import REDUCERS, RowBlock, Sums
+from attnprobe.core.divergence import entropy
+from attnprobe.core.reducers import REDUCERS, RowBlock, Sums
 
-# Names of the special tokens a tokenizer may define, in the order they are reported.
-SPECIAL_ROLES = ("cls", "sep", "bos", "eos")
 PARTS = frozenset({"rows", "offsets", "classes", "match", "segments"})
 _EMPTY = torch.empty(0, dtype=torch.long)
-
-
-def _ids(values: Any) -> torch.Tensor:
-    return torch.as_tensor(sorted({int(v) for v in values}), dtype=torch.long)
-
-
-# Only punctuation or symbols once a sub-word marker (WordPiece ##, BPE Ġ, SentencePiece ▁)
-# is removed: ".", ",", "##.", "Ġ--", "?!", "$" (Clark et al. count "." and ",").
-_PUNCTUATION = re.compile(r"^(?:##|Ġ|▁)?[^\w\s]+$|^(?:##|Ġ|▁)?_+$")
-
-
-def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
-    """Id sets per token class of a tokenizer: ``cls``/``sep``/``bos``/``eos`` (those it has;
-    a role sharing its id with an earlier one, e.g. GPT-2's eos = bos, is left out),
-    ``special`` (every special token) and ``punct`` (tokens made only of punctuation)."""
-    classes: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for role in SPECIAL_ROLES:
-        token_id = getattr(tokenizer, f"{role}_token_id", None)
-        if isinstance(token_id, int) and token_id not in seen:
-            classes[role] = _ids([token_id])
-            seen.add(token_id)
-    special = set(getattr(tokenizer, "all_special_ids", []) or []) | seen
-    classes["special"] = _ids(special)
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    classes["punct"] = _ids(i for tok, i in vocab.items() if _PUNCTUATION.match(tok)
-                            and i not in special)
-    return classes
 
 
 def _previous_ids(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -126,7 +95,8 @@ class CensusStats:
     """The census reducer (see the module docstring).
 
     Args:
-        classes: token class -> ids, from :func:`token_classes`; empty without a tokenizer.
+        classes: token class -> ids, from :func:`attnprobe.core.tokens.token_classes`; empty
+            without a tokenizer.
         max_offset: offsets beyond ±max_offset are pooled into ``offset@far``/``argmax@far``.
         parts: which groups of statistics to compute (``PARTS``); token-based groups need
             token ids in the blocks.
@@ -160,17 +130,16 @@ class CensusStats:
     # ------------------------------------------------------------------------ rows
     @staticmethod
     def _rows(block: RowBlock, a: torch.Tensor, top_weight: torch.Tensor) -> dict[str, Sums]:
-        # a·ln(a) with 0·ln 0 = 0 (clamping keeps ln finite; the product is then 0)
-        entropy = -(a * a.clamp(min=torch.finfo(a.dtype).tiny).log()).sum(-1)  # [b, head, q]
+        h = entropy(a)  # [batch, head, q]
         visible = block.visible_keys().to(a.device, torch.float32)[:, None, :]
         several = (visible > 1) & block.query_valid[:, None, :].to(a.device)
-        normed = torch.where(several, entropy / visible.clamp(min=2).log(), 0.0)
+        normed = torch.where(several, h / visible.clamp(min=2).log(), 0.0)
         n_heads = a.shape[1]
         return {
-            "entropy": block.masked_row_sum(entropy),
+            "entropy": block.masked_row_sum(h),
             "entropy_norm": (normed.sum(dim=(0, 2), dtype=torch.float64),
                              several.sum(dim=(0, 2)).to(torch.float64).expand(n_heads)),
-            "chance_weight": block.masked_row_sum((1 / visible).expand_as(entropy)),
+            "chance_weight": block.masked_row_sum((1 / visible).expand_as(h)),
             "max_weight": block.masked_row_sum(top_weight),
         }
 

@@ -13,23 +13,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture import capture
 from attnprobe.capture.calls import BatchPatterns, positions
+from attnprobe.capture.context import capture
+from attnprobe.capture.info import model_scope
+from attnprobe.capture.text import (
+    DEFAULT_BATCH_SIZE,
+    Truncation,
+    check_texts,
+    truncation_mode,
+)
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.reducers import Reducer, RowBlock, Tally
+from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.tokens import token_classes
 from attnprobe.errors import InputError
-from attnprobe.extraction import _model_inputs, check_texts, max_length_of
 from attnprobe.heads import labels
-from attnprobe.heads.census_stats import token_classes
+from attnprobe.heads.census_batches import CensusBatch, plan_batches
+from attnprobe.heads.dependencies import SyntaxCounts, score_batch
 from attnprobe.heads.probe import repeated_token_scores
-from attnprobe.heads.reducers import Reducer, RowBlock, Tally
 from attnprobe.heads.scores import INDEX, census_reducers, offset_table, wide_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
-from attnprobe.heads.syntax import SyntaxCounts, score_batch
 from attnprobe.heads.trees import Tree, parse
 from attnprobe.heads.words import to_words
 
@@ -105,7 +115,7 @@ class Census:
 
     Attributes:
         part: merged sums (tally of streaming statistics, syntax counts, head distances).
-        skipped: ids of sentences left out because they were too long (``on_long="skip"``).
+        skipped: ids of sentences left out because they were too long (``truncation="skip"``).
         window: offsets ±window get their own score column.
         probe: the repeated-random-token probe's tally (``rep_*`` scores), kept apart from
             the corpus sums so its rows never dilute corpus means.
@@ -116,6 +126,7 @@ class Census:
     window: int = 3
     min_count: int = 20
     probe: Tally | None = None
+    scope: Scope = field(default_factory=Scope)
 
     @property
     def n_sentences(self) -> int:
@@ -137,7 +148,12 @@ class Census:
         extra = None
         for frame in extras:
             extra = frame if extra is None else extra.merge(frame, on=INDEX[:4], how="outer")
-        return wide_scores(self.tally, window=self.window, extra=extra)
+        table = wide_scores(self.tally, window=self.window, extra=extra)
+        if self.scope.is_grid or table.empty:
+            return table
+        inside = [self.scope.contains(layer, head) for layer, head in
+                  zip(table["layer"], table["head"], strict=True)]
+        return table[inside].reset_index(drop=True)
 
     def classify(self, thresholds: labels.Thresholds | None = None) -> pd.DataFrame:
         """Scores plus ``label``, ``evidence`` and ``also`` per head."""
@@ -170,90 +186,6 @@ class Census:
         return cluster_heads(self.part.distances, n_clusters)
 
 
-@dataclass(frozen=True)
-class _Item:
-    """One sentence to run: its words (when it has a tree) or text, and its token count."""
-
-    index: int
-    sentence_id: str
-    text: str | None
-    tree: Tree | None
-    n_tokens: int
-
-
-def _encode(tokenizer: Any, items: Sequence[_Item]) -> tuple[dict[str, torch.Tensor],
-                                                                torch.Tensor | None]:
-    """Padded batch, and ``[batch, token]`` word index of each token (-1: special/padding)."""
-    if items[0].tree is None:
-        enc = tokenizer([_pair(it.text) for it in items], padding=True, return_tensors="pt")
-        return dict(enc), None
-    words = [list(it.tree.words) for it in items]
-    enc = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
-    token_word = torch.tensor([[-1 if w is None else w for w in enc.word_ids(b)]
-                               for b in range(len(items))], dtype=torch.long)
-    return dict(enc), token_word
-
-
-def _lengths(tokenizer: Any, texts: Sequence[str] | None,
-             trees: Sequence[Tree] | None) -> list[int]:
-    if trees is not None:
-        try:
-            enc = tokenizer([list(t.words) for t in trees], is_split_into_words=True)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"this tokenizer cannot take pre-split words ({exc}); "
-                             "syntax needs a tokenizer that can") from None
-        lengths = [len(ids) for ids in enc["input_ids"]]
-        for tree, b in zip(trees, range(len(trees)), strict=True):
-            covered = {w for w in enc.word_ids(b) if w is not None}
-            if len(covered) != len(tree.words):
-                missing = sorted(set(range(len(tree.words))) - covered)[0]
-                raise InputError(f"sentence {tree.sentence_id}: word {missing + 1} "
-                                 f"{tree.words[missing]!r} gives no token")
-        return lengths
-    return [len(ids) for ids in tokenizer([_pair(t) for t in texts])["input_ids"]]
-
-
-def _pair(text: str) -> str | tuple[str, str]:
-    """A text with a tab is a sentence pair (encoded ``[CLS] a [SEP] b [SEP]`` by BERT)."""
-    first, tab, second = text.partition("\t")
-    return (first, second) if tab else text
-
-
-def _items(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
-           trees: Sequence[Tree] | None, max_length: int | None,
-           on_long: str) -> tuple[list[_Item], tuple[str, ...]]:
-    if on_long not in ("error", "skip"):
-        raise InputError(f"on_long must be 'error' or 'skip'; got {on_long!r}")
-    lengths = _lengths(tokenizer, texts, trees)
-    limit = max_length_of(model, tokenizer)
-    if max_length is not None:
-        limit = min(limit, max_length) if limit else max_length
-    items, skipped = [], []
-    for i, n in enumerate(lengths):
-        tree = trees[i] if trees is not None else None
-        sentence_id = tree.sentence_id if tree is not None else str(i)
-        if limit is not None and n > limit:
-            if on_long == "error":
-                raise InputError(f"sentence {sentence_id} has {n} tokens but the model takes at "
-                                 f"most {limit}; shorten it or pass on_long='skip' "
-                                 "(CLI: --skip-long)")
-            skipped.append(sentence_id)
-            continue
-        text = texts[i] if texts is not None else None
-        items.append(_Item(i, sentence_id, text, tree, n))
-    if not items:
-        raise InputError(f"every sentence was skipped as too long ({len(skipped)})")
-    return items, tuple(skipped)
-
-
-def _batches(items: list[_Item], batch_size: int) -> list[list[_Item]]:
-    """Sentences sorted by length, so a batch holds similar lengths and little padding."""
-    if batch_size < 1:
-        raise InputError(f"batch_size must be positive; got {batch_size}")
-    ordered = sorted(items, key=lambda it: (it.n_tokens, it.index))
-    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
-
-
 def _main_self(batches: list[BatchPatterns]) -> BatchPatterns:
     return next(b for b in batches if b.kind == "self")
 
@@ -277,53 +209,66 @@ def _stacked_sums(patterns: BatchPatterns, reducers: list[Reducer]) -> StackedSu
                        float(patterns.query_valid.sum()), sums)
 
 
-def _run_batch(model: nn.Module, tokenizer: Any, items: list[_Item], reducers: list,
-               similarity: bool, similarity_rows: int | None, from_agg: str) -> CensusPart:
-    batch, token_word = _encode(tokenizer, items)
-    keep = similarity or token_word is not None
-    with torch.no_grad(), capture(model, keep=keep, reducers=None if keep else reducers,
+@dataclass(frozen=True)
+class _Run:
+    """What every batch of one census shares."""
+
+    model: nn.Module
+    scope: Scope
+    reducers: list
+    similarity: bool
+    similarity_rows: int | None
+    from_agg: str
+
+
+def _run_batch(run: _Run, group: CensusBatch) -> CensusPart:
+    model = run.model
+    items = group.sentences
+    inputs, token_word = group.inputs()
+    keep = run.similarity or token_word is not None
+    with torch.no_grad(), capture(model, run.scope, keep=keep,
+                                  reducers=None if keep else run.reducers,
                                   stop_early=True) as cap:
-        model(**_model_inputs(model, batch))  # stops after the last attention layer
+        model(**inputs)  # stops after the last attention layer
     part = CensusPart(tally=cap.tally, sentences=len(items))
     if not keep:
         return part
     groups = cap.batches()
-    part.stacked = {(g.stack, g.kind): _stacked_sums(g, reducers) for g in groups}
+    part.stacked = {(g.stack, g.kind): _stacked_sums(g, run.reducers) for g in groups}
     patterns = _main_self(groups)
-    if similarity:
-        part.distances = HeadDistances.from_batch(patterns, max_rows=similarity_rows)
+    if run.similarity:
+        part.distances = HeadDistances.from_batch(patterns, max_rows=run.similarity_rows)
     if token_word is not None:
         trees = [it.tree for it in items]
         n_words = max(len(t.words) for t in trees)
         word_pattern = to_words(patterns.pattern.to(torch.float32), token_word, n_words,
-                                from_agg=from_agg)
+                                from_agg=run.from_agg)
         word_mask = torch.arange(n_words)[None, :] < torch.tensor([len(t) for t in trees])[:, None]
         part.syntax = score_batch(word_pattern, word_mask, trees, layers=patterns.layers,
                                   heads=patterns.heads, stack=patterns.stack, kind=patterns.kind)
     return part
 
 
-def _gather(parts: list[tuple[int, CensusPart]]) -> list[tuple[int, CensusPart]]:
-    """Every rank's parts on every rank (torch.distributed, any backend with objects)."""
-    dist = torch.distributed
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, parts)
-    return [p for rank_parts in gathered for p in rank_parts]
-
-
 def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
-           trees: Sequence[Tree] | None = None, syntax: bool | None = None,
-           similarity: bool = True, similarity_rows: int | None = 16,
-           repeated: bool = True, batch_size: int = 32,
-           max_length: int | None = None, on_long: str = "error", window: int = 3,
-           min_count: int = 20, from_agg: str = "mean", nlp: Any = None,
-           distributed: bool | None = None, progress: bool = False) -> Census:
+           trees: Sequence[Tree] | None = None, scope: ScopeLike = "all",
+           batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
+           seed: int = 0, progress: bool = False, syntax: bool | None = None,
+           similarity: bool = True, similarity_rows: int | None = 16, repeated: bool = True,
+           max_length: int | None = None, window: int = 3, min_count: int = 20,
+           from_agg: str = "mean", nlp: Any = None, distributed: bool | None = None) -> Census:
     """Score every head of ``model`` over a corpus.
 
     Args:
         texts / trees: raw sentences, or dependency trees (e.g. from
             :func:`~attnprobe.heads.trees.read_conllu`) whose words are fed pre-split. A
             text with a tab is a sentence pair (the ``block`` score needs pairs).
+        scope: which heads to score (:mod:`attnprobe.core.scope`; default every head).
+        batch_size: sentences per forward (sorted by length first).
+        truncation: sentences longer than the model allows: ``"error"`` names the first,
+            ``"skip"`` leaves them out (listed in ``Census.skipped``), ``"cut"`` cuts raw
+            texts (parsed sentences cannot be cut).
+        seed: seeds the repeated-random-token probe.
+        progress: show a progress bar over batches (tqdm).
         syntax: parse ``texts`` with spaCy (``nlp`` or the packaged English pipeline) to
             score heads against dependency relations; default: only when trees are given.
         similarity: accumulate Jensen–Shannon distances between heads (keeps each batch's
@@ -331,11 +276,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
         similarity_rows: query rows per batch used for the distances, evenly spaced over
             the batch (their cost is heads² × rows × keys); ``None``: every row.
         repeated: also run the repeated-random-token probe (``rep_*`` scores).
-        on_long: ``"error"`` (default) names the first sentence longer than the model allows;
-            ``"skip"`` leaves such sentences out and lists them in ``Census.skipped``.
         distributed: split batches across the ranks of an initialised ``torch.distributed``
             process group and all-gather the parts (default: when a group is initialised).
-        progress: show a progress bar over batches (tqdm).
 
     Returns:
         A :class:`Census`; ``.scores()``, ``.classify()``, ``.syntax()``, ``.layer_profile()``,
@@ -343,6 +285,13 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     """
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
+    if similarity_rows is not None and (isinstance(similarity_rows, bool)
+                                        or not isinstance(similarity_rows, int)
+                                        or similarity_rows < 1):
+        raise InputError(f"similarity_rows must be a positive integer or None (every row); "
+                         f"got {similarity_rows!r}")
+    truncation = truncation_mode(truncation)
+    scope = model_scope(model, scope)
     if texts is not None:
         texts = check_texts(texts)
         if syntax:
@@ -352,25 +301,16 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     trees = list(trees) if trees is not None else None
     if trees is not None and not trees:
         raise InputError("no trees given")
-    items, skipped = _items(model, tokenizer, texts, trees, max_length, on_long)
+    batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
+                                    truncation=truncation, max_length=max_length)
     classes = token_classes(tokenizer)
-    reducers = census_reducers(classes=classes)
-    dist = torch.distributed
-    if distributed is None:
-        distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    batches = list(enumerate(_batches(items, batch_size)))[rank::world]
-    if progress:
-        from attnprobe._optional import require
-
-        batches = require("tqdm").tqdm(batches, desc="census", unit="batch",
-                                       disable=rank != 0)
-    parts = [(i, _run_batch(model, tokenizer, group, reducers, similarity, similarity_rows,
-                            from_agg)) for i, group in batches]
-    if distributed:
-        parts = _gather(parts)
+    run = _Run(model, scope, census_reducers(classes=classes), similarity, similarity_rows,
+               from_agg)
+    parts = run_sharded(partial(_run_batch, run), batches,
+                        distributed=distributed, progress=progress, desc="census")
     merged = CensusPart()
-    for _, part in sorted(parts, key=lambda p: p[0]):  # the same order on every rank count
+    for part in parts:  # in batch order, whatever the number of ranks
         merged = merged + part
-    probe = repeated_token_scores(model, tokenizer, classes=classes) if repeated else None
-    return Census(merged, skipped, window, min_count, probe)
+    probe = repeated_token_scores(model, tokenizer, classes=classes, seed=seed,
+                                  scope=scope) if repeated else None
+    return Census(merged, skipped, window, min_count, probe, scope)

@@ -60,8 +60,8 @@ from numbers import Real
 
 import pandas as pd
 
+from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
-from attnprobe.registry import Registry
 
 INDEX_COLUMNS = ("stack", "kind", "layer", "head", "head_id")
 RESULT_COLUMNS = ("label", "evidence", "also")

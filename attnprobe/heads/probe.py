@@ -10,19 +10,18 @@ row renormalised).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnprobe.capture import capture
+from attnprobe.capture.context import capture
+from attnprobe.capture.text import max_length_of, model_inputs
+from attnprobe.core.reducers import Tally
+from attnprobe.core.scope import ScopeLike
+from attnprobe.core.tokens import looks_special, token_classes
 from attnprobe.errors import InputError
-from attnprobe.extraction import max_length_of
-from attnprobe.heads.census_stats import CensusStats, token_classes
-from attnprobe.heads.reducers import Tally
-
-_BRACKETED = re.compile(r"^(\[.*\]|<.*>)$")  # [unused0], <|endoftext|>, <s> ...
+from attnprobe.heads.census_stats import CensusStats
 
 
 def probe_vocabulary(tokenizer: Any, special_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,7 +31,7 @@ def probe_vocabulary(tokenizer: Any, special_ids: torch.Tensor | None = None) ->
     special = set(special_ids.tolist())
     vocab = tokenizer.get_vocab()
     ids = sorted(i for tok, i in vocab.items()
-                 if i not in special and not _BRACKETED.match(tok) and tok.strip())
+                 if i not in special and not looks_special(tok) and tok.strip())
     if len(ids) < 2:
         raise InputError("the tokenizer has too few ordinary tokens for a repeated-token probe")
     return torch.tensor(ids)
@@ -71,7 +70,8 @@ def repeated_tokens(tokenizer: Any, *, length: int = 32, n_sequences: int = 4,
 
 def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 32,
                           n_sequences: int = 4, seed: int = 0,
-                          classes: dict[str, torch.Tensor] | None = None) -> Tally:
+                          classes: dict[str, torch.Tensor] | None = None,
+                          scope: ScopeLike = "all") -> Tally:
     """``rep_prev``, ``rep_duplicate``, ``rep_induction``, ``rep_duplicate_ahead`` and
     ``rep_induction_ahead`` per head, as a mergeable tally (see
     :class:`~attnprobe.heads.census_stats.CensusStats`). ``classes``: the tokenizer's token
@@ -80,8 +80,8 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 32,
     batch = repeated_tokens(tokenizer, length=length, n_sequences=n_sequences, seed=seed,
                             max_length=max_length_of(model, tokenizer),
                             special_ids=classes["special"])
-    device = next(model.parameters()).device
     stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
-    with torch.no_grad(), capture(model, keep=False, reducers=[stats], stop_early=True) as cap:
-        model(**{k: v.to(device) for k, v in batch.items()})
+    with torch.no_grad(), capture(model, scope, keep=False, reducers=[stats],
+                                  stop_early=True) as cap:
+        model(**model_inputs(model, batch))
     return cap.tally

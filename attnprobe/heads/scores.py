@@ -24,7 +24,7 @@ duplicate ...      token-match scores on the corpus: ``duplicate``, ``induction`
                    where the pattern exists
 rep_*              the same on repeated random tokens (``rep_prev``, ``rep_duplicate``,
                    ``rep_induction``, ``rep_duplicate_ahead``, ``rep_induction_ahead``)
-syntax_*           best dependency relation of the head (see ``attnprobe.heads.syntax``)
+syntax_*           best dependency relation of the head (see ``attnprobe.heads.dependencies``)
 =================  ==========================================================================
 """
 
@@ -35,8 +35,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnprobe.heads.census_stats import CensusStats, token_classes
-from attnprobe.heads.reducers import Reducer, Tally
+from attnprobe.core.reducers import Reducer, Tally
+from attnprobe.core.tokens import token_classes
+from attnprobe.heads.census_stats import CensusStats
 
 INDEX = ["stack", "kind", "layer", "head", "head_id"]
 NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}
@@ -46,7 +47,7 @@ def census_reducers(tokenizer: Any = None, *, max_offset: int | None = None,
                     classes: dict[str, torch.Tensor] | None = None) -> list[Reducer]:
     """The census statistics as one streaming reducer. Token-class, token-match and segment
     statistics need a tokenizer (for its special and punctuation ids), or its ``classes``
-    (:func:`~attnprobe.heads.census_stats.token_classes`)."""
+    (:func:`~attnprobe.core.tokens.token_classes`)."""
     if classes is None:
         classes = token_classes(tokenizer) if tokenizer is not None else {}
     return [CensusStats(classes=classes, max_offset=max_offset)]

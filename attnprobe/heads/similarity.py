@@ -9,28 +9,22 @@ count are kept, so batches, processes and machines merge exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attnprobe._optional import require
+from attnprobe.capture.calls import BatchPatterns
+from attnprobe.core.divergence import entropy
+from attnprobe.core.optional import require
+from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
-from attnprobe.types import head_id
-
-if TYPE_CHECKING:  # the capture package imports heads; avoid the cycle at run time
-    from attnprobe.capture.calls import BatchPatterns
 
 SMOOTHING = 0.001
 # Pairwise work is done on chunks of about this many float32 elements.
 _CHUNK_ELEMENTS = 1 << 24
 
 HeadKey = tuple[str, str, int, int]  # (stack, kind, layer, head)
-
-
-def _entropy(p: torch.Tensor) -> torch.Tensor:
-    return torch.special.entr(p).sum(-1)
 
 
 def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
@@ -44,12 +38,12 @@ def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     """
     n_heads, n_rows, n_keys = rows.shape
     first, second = torch.triu_indices(n_heads, n_heads, offset=1)
-    own = _entropy(rows).sum(-1, dtype=torch.float64)  # [head]: Σ_rows H(row)
+    own = entropy(rows).sum(-1, dtype=torch.float64)  # [head]: Σ_rows H(row)
     out = torch.zeros(n_heads, n_heads, dtype=torch.float64)
     step = max(1, _CHUNK_ELEMENTS // max(1, n_rows * n_keys))
     for start in range(0, len(first), step):
         a, b = first[start:start + step], second[start:start + step]
-        mixed = _entropy((rows[a] + rows[b]) / 2).sum(-1, dtype=torch.float64)  # [pairs]
+        mixed = entropy((rows[a] + rows[b]) / 2).sum(-1, dtype=torch.float64)  # [pairs]
         out[a, b] = (mixed - (own[a] + own[b]) / 2).clamp(min=0)
     return out + out.T
 

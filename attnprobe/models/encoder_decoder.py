@@ -26,7 +26,7 @@ from attnprobe.models.attention import MultiHeadAttention
 from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 from attnprobe.models.positional import sinusoidal_table
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 
 @dataclass
@@ -200,4 +200,4 @@ def encoder_decoder(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
         torch.manual_seed(seed)
         config = EncoderDecoderConfig(len(tokenizer), max_len=tokenizer.model_max_length)
         model = EncoderDecoderModel(config)
-    return _finish(model, "encoder-decoder"), tokenizer
+    return finish_reference(model, "encoder-decoder"), tokenizer

@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import MLP, TransformerConfig, TransformerModel
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -247,4 +247,4 @@ def linear(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
             n_heads=4, causal=True,
         )
         model = LinearTransformer(config)
-    return _finish(model, "linear"), tokenizer
+    return finish_reference(model, "linear"), tokenizer

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.inputs import check_token_inputs
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 
 def real_keys(
@@ -179,4 +179,4 @@ def pooling(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = PoolingClassifier(PoolingConfig(vocab_size=len(tokenizer)))
-    return _finish(model, "pooling"), tokenizer
+    return finish_reference(model, "pooling"), tokenizer

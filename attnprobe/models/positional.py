@@ -23,13 +23,13 @@ from typing import Literal
 import torch
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention, scaled_dot_product
 from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import MLP
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 Positional = Literal["sinusoidal", "rope", "alibi", "none"]
 
@@ -268,7 +268,7 @@ def _build(name: str, seed: int, positional: Positional,
         torch.manual_seed(seed)
         model = PositionalModel(PositionalConfig(len(tokenizer), positional, causal=causal,
                                                  max_len=tokenizer.model_max_length))
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("sinusoidal")

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from attnprobe.capture.hook_point import HookPoint
+from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.pooling import attend_single_query, real_keys
 

@@ -39,7 +39,7 @@ from attnprobe.errors import InputError
 from attnprobe.models.inputs import check_token_inputs
 from attnprobe.models.rnn_attention import BahdanauAttention, LocalAttention, LuongAttention
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 AttentionKind = Literal[
     "none", "bahdanau", "luong-dot", "luong-general", "luong-concat",
@@ -266,7 +266,7 @@ def _build(name: str, seed: int, attention: AttentionKind,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Seq2Seq(Seq2SeqConfig(vocab_size=len(tokenizer), attention=attention, **config))
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("rnn-seq2seq")

@@ -35,7 +35,7 @@ from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import MLP, TransformerConfig, TransformerModel
-from attnprobe.models.zoo import REFERENCE_MODELS, _finish
+from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
 
 
 def _check_sizes(**sizes: int) -> None:
@@ -327,7 +327,7 @@ def _build(name: str, seed: int, **config: Any) -> tuple[nn.Module, WordTokenize
             vocab_size=len(tokenizer), max_len=tokenizer.model_max_length, n_layers=2,
             n_heads=4, mask_seed=seed, **config,
         ))
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("sliding-window")

@@ -23,6 +23,13 @@ PUNCTUATION = tuple(".,!?;:'\"()-")
 # one-character punctuation token ("don't" -> "don", "'", "t").
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
+# The vocabulary of the key-token classification tasks (attnprobe.tasks.keytoken): the
+# decisive words "key", "cat", "dog", then the fillers. Every word is also in DEFAULT_WORDS.
+KEYTOKEN_WORDS: tuple[str, ...] = (
+    "key", "cat", "dog", "the", "a", "red", "blue", "green", "big", "small", "tree", "house",
+    "car", "book", "sun", "moon", "water", "fire", "bird", "fish", "road", "ball", "box", "rain",
+    "snow", "milk", "tea", "cake", "egg", "door", "hat", "bed", "pen", "star", "sky")
+
 DEFAULT_WORDS = """
 the a an this that these those some any every each no all both
 i you he she it we they me him her us them my your his its our their mine yours

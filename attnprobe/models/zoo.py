@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import ModelNotFoundError
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import TransformerModel
-from attnprobe.registry import Registry, one_of
 
 Builder = Callable[..., tuple[nn.Module, WordTokenizer]]
 REFERENCE_MODELS: Registry[Builder] = Registry("reference model")
@@ -29,7 +29,9 @@ def build_reference(name: str, seed: int = 0) -> tuple[nn.Module, WordTokenizer]
     return REFERENCE_MODELS.get(name)(seed=seed)
 
 
-def _finish(model: nn.Module, name: str) -> nn.Module:
+def finish_reference(model: nn.Module, name: str) -> nn.Module:
+    """Name a freshly built reference model (``model.attnprobe_name``) and put it in eval
+    mode; every builder ends with it."""
     model.attnprobe_name = name
     return model.eval()
 
@@ -42,7 +44,7 @@ def _transformer(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = make(len(tokenizer), max_len=tokenizer.model_max_length, **config)
-    return _finish(model, name), tokenizer
+    return finish_reference(model, name), tokenizer
 
 
 @REFERENCE_MODELS.register("sdpa")

@@ -2,50 +2,47 @@
 much the model's output cares.
 
 Modules: ``interventions`` (one registry of small parameter objects: permute, uniform, zero,
-mean-ablate, erase, Dirichlet re-draw), ``scope`` (which layers and heads one touches),
-``context`` (apply one inside a context that restores the model and verifies it took effect),
-``measures`` (output and attention change), ``adversarial`` (the most different attention that
-keeps the output within ε), ``importance`` (Michel et al.'s head importance and the pruning
-curve) and ``experiments`` (:func:`run`: the experiments as tidy tables; ``readout`` reads and
-compares the model's outputs, ``job`` holds what every experiment shares, ``searches`` the
-erase, adversarial and importance experiments).
+mean-ablate, erase, Dirichlet re-draw), ``context`` (apply one inside a context that restores
+the model and verifies it took effect), ``measures`` (output and attention change),
+``adversarial`` (the most different attention that keeps the output within ε), ``importance``
+(Michel et al.'s head importance and the pruning curve) and ``experiments`` (:func:`run`: the
+experiments as tidy tables; ``readout`` reads and compares the model's outputs, ``job`` holds
+what every experiment shares, ``searches`` the erase, adversarial and importance experiments).
+Which heads an intervention touches is a :class:`~attnprobe.core.scope.Scope`.
 """
 
-from attnprobe._lazy import lazy_getattr
+from attnprobe.capture.info import attention_sizes
+from attnprobe.core.scope import Scope
+from attnprobe.perturb.adversarial import AdversarialResult, adversarial_attention
+from attnprobe.perturb.context import head_output_means, perturbed
+from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, run
+from attnprobe.perturb.importance import head_importance, pruning_curve, similarity_loss
+from attnprobe.perturb.interventions import (
+    INTERVENTIONS,
+    Dirichlet,
+    Erase,
+    Mean,
+    Permute,
+    Uniform,
+    Zero,
+    describe,
+    make_intervention,
+)
+from attnprobe.perturb.measures import (
+    attention_jsd,
+    cosine_distance,
+    decision_flip,
+    jsd,
+    logit_change,
+    output_change,
+    prob_change,
+    tvd,
+)
 
-_LAZY = {
-    "run": "experiments",
-    "EXPERIMENTS": "experiments",
-    "RUN_COLUMNS": "experiments",
-    "Scope": "scope",
-    "INTERVENTIONS": "interventions",
-    "make_intervention": "interventions",
-    "describe": "interventions",
-    "Permute": "interventions",
-    "Uniform": "interventions",
-    "Zero": "interventions",
-    "Erase": "interventions",
-    "Dirichlet": "interventions",
-    "Mean": "interventions",
-    "attention_sizes": "scope",
-    "perturbed": "context",
-    "head_output_means": "context",
-    "tvd": "measures",
-    "jsd": "measures",
-    "decision_flip": "measures",
-    "cosine_distance": "measures",
-    "logit_change": "measures",
-    "prob_change": "measures",
-    "attention_jsd": "measures",
-    "output_change": "measures",
-    "adversarial_attention": "adversarial",
-    "AdversarialResult": "adversarial",
-    "head_importance": "importance",
-    "pruning_curve": "importance",
-    "similarity_loss": "importance",
-}
-
-__getattr__ = lazy_getattr(__name__, _LAZY)
-
-
-__all__ = sorted(_LAZY)
+__all__ = [
+    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "AdversarialResult", "Dirichlet", "Erase",
+    "Mean", "Permute", "Scope", "Uniform", "Zero", "adversarial_attention", "attention_jsd",
+    "attention_sizes", "cosine_distance", "decision_flip", "describe", "head_importance",
+    "head_output_means", "jsd", "logit_change", "make_intervention", "output_change",
+    "perturbed", "prob_change", "pruning_curve", "run", "similarity_loss", "tvd",
+]

@@ -152,7 +152,7 @@ def _one_example(inputs: Any) -> int:
     return 1
 
 
-def _repeat(inputs: Mapping[str, Any], k: int) -> dict[str, Any]:
+def repeat_inputs(inputs: Mapping[str, Any], k: int) -> dict[str, Any]:
     """``k`` copies of a one-example batch (non-tensor entries passed through)."""
     return {name: value.expand(k, *value.shape[1:]).contiguous()
             if isinstance(value, torch.Tensor) and value.ndim else value
@@ -268,7 +268,7 @@ def adversarial_attention(model: nn.Module, inputs: Mapping[str, Any], *, layer:
     def mean_rows(values: torch.Tensor) -> torch.Tensor:  # [..., head, q] -> [...]
         return (values * free_d).sum((-2, -1)) / n_free
 
-    batch_inputs = _repeat(inputs, k)
+    batch_inputs = repeat_inputs(inputs, k)
     best_jsd = torch.full((k,), -1.0)
     best = {"jsd": torch.zeros(k), "tvd": torch.full((k,), math.inf),
             "adv": original.expand(k, *original.shape).clone()}

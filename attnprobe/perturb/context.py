@@ -25,14 +25,10 @@ from torch import nn
 
 from attnprobe.capture import Capture, capture
 from attnprobe.capture import hf as hf_seam
+from attnprobe.capture.info import attention_sizes, model_scope
+from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.perturb.interventions import (
-    INTERVENTIONS,
-    Intervention,
-    Scope,
-    attention_sizes,
-    make_intervention,
-)
+from attnprobe.perturb.interventions import INTERVENTIONS, Intervention, make_intervention
 
 __all__ = ["head_output_means", "perturbed"]
 
@@ -50,7 +46,7 @@ def _intervention(value: Intervention | str) -> Intervention:
 
 
 @contextmanager
-def perturbed(model: nn.Module, intervention: Intervention | str, scope: Scope | str = _ALL,
+def perturbed(model: nn.Module, intervention: Intervention | str, scope: ScopeLike = _ALL,
               *, seed: int = 0, generator: torch.Generator | None = None, keep: bool = False,
               tokenizer: Any = None) -> Iterator[Capture]:
     """Run every forward inside the context with ``intervention`` applied to ``scope``.
@@ -77,21 +73,22 @@ def perturbed(model: nn.Module, intervention: Intervention | str, scope: Scope |
         >>> cap.edits[["layer", "max_abs_change"]]
     """
     intervention = _intervention(intervention)
-    scope = Scope.parse(scope).validate(model)
+    scope = model_scope(model, scope)
     if intervention.target == "output" and not hf_seam.is_hf_model(model):
         raise InputError(f"{intervention.name} replaces per-head outputs inside transformers' "
                          f"attention function; {type(model).__name__} exposes only attention "
                          "patterns (use zero, uniform, permute, erase or dirichlet)")
-    layers = scope.resolved_layers(model)
-    intervention.check(layers, attention_sizes(model)[1])  # e.g. mean: every layer has means
+    n_layers, n_heads = attention_sizes(model)
+    intervention.check(scope.layers_in(n_layers), n_heads)  # e.g. mean: every layer has means
     if generator is None:
         generator = torch.Generator().manual_seed(seed)
 
     def edit(layer: int, tensor: torch.Tensor) -> torch.Tensor:
-        return intervention(tensor, scope.heads, generator, layer=layer)
+        return intervention(tensor, scope.heads_of(layer, tensor.shape[1]), generator,
+                            layer=layer)
 
     edits = {"edit_output" if intervention.target == "output" else "edit": edit}
-    with capture(model, layers=scope.layers, heads=scope.heads, keep=keep, tokenizer=tokenizer,
+    with capture(model, scope, keep=keep, tokenizer=tokenizer,
                  **edits) as cap:
         yield cap
 
@@ -113,7 +110,7 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
     same product the eager attention function forms (key/value heads already repeated for
     grouped-query attention).
     """
-    from attnprobe.extraction import _batches, check_texts, encode
+    from attnprobe.capture.text import batch_spans, check_texts, encode
 
     if not hf_seam.is_hf_model(model):
         raise InputError(f"head outputs are recorded inside transformers' attention function; "
@@ -122,11 +119,11 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
         raise InputError("mean-ablation means are keyed by layer; an encoder-decoder model has "
                          "several stacks per layer index")
     texts = check_texts(texts)
-    Scope(layers=tuple(layers) if layers is not None else None).validate(model)
+    model_scope(model, Scope(layers=tuple(layers) if layers is not None else None))
     device = next(model.parameters()).device
     sums: dict[int, torch.Tensor] = {}
     count = 0
-    for part in _batches(len(texts), batch_size):
+    for part in batch_spans(len(texts), batch_size):
         batch = encode(model, tokenizer, texts[part], truncation=truncation)
         inputs = {k: v.to(device) for k, v in batch.items()}
         with torch.no_grad(), capture(model, layers=layers, keep=False, live=True,

@@ -73,40 +73,41 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
+from attnprobe.capture.info import model_scope
+from attnprobe.capture.text import batch_spans, check_texts
+from attnprobe.core.registry import one_of
+from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, InputError
-from attnprobe.extraction import _batches, check_texts
 from attnprobe.perturb import searches  # noqa: F401  registers erase, adversarial, importance
 from attnprobe.perturb.context import head_output_means
 from attnprobe.perturb.interventions import INTERVENTIONS, Dirichlet, Mean, Permute, Uniform, Zero
 from attnprobe.perturb.job import (
-    _COMMON_OPTIONS,
-    _STREAM,
+    COMMON_OPTIONS,
     CORPUS,
     EXPERIMENTS,
     RUN_COLUMNS,
+    STREAMS,
     Experiment,
     Job,
-    _clean,
-    _experiment,
-    _generator,
-    _named,
-    _perturbed_output,
-    _repeat,
-    _Row,
-    _rows_of,
+    Row,
+    clean_output,
+    generator_for,
+    named_errors,
+    perturbed_output,
+    register_experiment,
+    repeat_inputs,
+    rows_of,
 )
 from attnprobe.perturb.readout import (
     OUTPUTS,
     OutputChoice,
     Reader,
-    _distances,
-    _mean_row_max,
-    _measure,
-    _reader,
-    _row_max,
+    distances_of,
+    mean_row_max,
+    measure,
+    pick_reader,
+    row_max_sums,
 )
-from attnprobe.perturb.scope import Scope
-from attnprobe.registry import one_of
 
 __all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "Experiment", "run"]
 
@@ -121,10 +122,10 @@ class _RowEdit:
     batch-1 forward with ``generators[b]`` would), and tallies each row's ``max_attention``
     after the edit over the scoped heads (``after``: sums and row counts per batch row)."""
 
-    def __init__(self, intervention: Any, heads: tuple[int, ...] | None,
+    def __init__(self, intervention: Any, scope: Scope,
                  generators: Sequence[torch.Generator]) -> None:
         self.intervention = intervention
-        self.heads = heads
+        self.scope = scope
         self.generators = list(generators)
         n = len(self.generators)
         self.after = (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
@@ -133,106 +134,107 @@ class _RowEdit:
         if pattern.shape[0] != len(self.generators):
             raise InputError(f"the forward ran a batch of {pattern.shape[0]} rows; expected "
                              f"{len(self.generators)} copies of one example")
-        edited = torch.cat([self.intervention(pattern[b:b + 1], self.heads, g, layer=layer)
+        heads = self.scope.heads_of(layer, pattern.shape[1])
+        edited = torch.cat([self.intervention(pattern[b:b + 1], heads, g, layer=layer)
                             for b, g in enumerate(self.generators)])
-        index = list(self.heads) if self.heads is not None else slice(None)
-        total, count = _row_max(edited[:, index].detach(), pattern[:, index].detach())
+        index = list(heads)
+        total, count = row_max_sums(edited[:, index].detach(), pattern[:, index].detach())
         self.after[0].add_(total)
         self.after[1].add_(count)
         return edited
 
 
-def _draws(job: Job, intervention: Any, perturbation: str, params: dict[str, Any]) -> list[_Row]:
+def _draws(job: Job, intervention: Any, perturbation: str, params: dict[str, Any]) -> list[Row]:
     rows = []
     n = job.n_permutations
     size = job.batch_size or n
-    distances = _distances(job.reader.kind)
+    distances = distances_of(job.reader.kind)
     scope = str(job.scope)
     for i, text in job.examples():
         inputs = job.encode([text])
-        with _named(job, f"example {i}"):
-            before, cap = _clean(job, inputs, keep=True)
-            sums = [_row_max(m.pattern[None], m.pattern[None]) for m in cap.maps]  # per stack
-            max_before = _mean_row_max(sum(s[0] for s in sums), sum(s[1] for s in sums))[0]
+        with named_errors(job, f"example {i}"):
+            before, cap = clean_output(job, inputs, keep=True)
+            sums = [row_max_sums(m.pattern[None], m.pattern[None]) for m in cap.maps]  # per stack
+            max_before = mean_row_max(sum(s[0] for s in sums), sum(s[1] for s in sums))[0]
             parts, max_after = [], []
             for start in range(0, n, size):
                 count = min(n, start + size) - start
-                edit = _RowEdit(intervention, job.scope.heads,
-                                [_generator(job.seed, _STREAM["draws"], i, j)
+                edit = _RowEdit(intervention, job.scope,
+                                [generator_for(job.seed, STREAMS["draws"], i, j)
                                  for j in range(start, start + count)])
-                copies = _repeat(inputs, count)
+                copies = repeat_inputs(inputs, count)
                 try:
-                    with torch.no_grad(), capture(job.model, layers=job.scope.layers,
-                                                  heads=job.scope.heads, keep=False, edit=edit):
+                    with torch.no_grad(), capture(job.model, job.scope, keep=False,
+                                                  edit=edit):
                         output = job.model(**copies)
                     parts.append(job.reader(output, copies).detach())
                 except EditNotAppliedError:  # no draw moved any weight: exactly no change
                     parts.append(before.expand(count, *before.shape[1:]))
-                max_after.append(_mean_row_max(*edit.after))
-        measures = _measure(job.reader.kind, before, torch.cat(parts))
+                max_after.append(mean_row_max(*edit.after))
+        measures = measure(job.reader.kind, before, torch.cat(parts))
         example = str(i)
         for metric in distances:
             values = measures[metric][1].numpy()
             for stat, value in (("median", np.median(values)), ("mean", values.mean()),
                                 ("max", values.max())):
-                rows.append(_Row(perturbation, params, scope, example, None,
+                rows.append(Row(perturbation, params, scope, example, None,
                                  f"{metric}_{stat}", 0.0, float(value)))
-        rows.append(_Row(perturbation, params, scope, example, None, "max_attention",
+        rows.append(Row(perturbation, params, scope, example, None, "max_attention",
                          float(max_before), float(torch.cat(max_after).mean())))
     return rows
 
 
-@_experiment("permute")
-def _permute(job: Job) -> list[_Row]:
+@register_experiment("permute")
+def _permute(job: Job) -> list[Row]:
     """Jain & Wallace's permutations, ``n_permutations`` per example in one batch."""
     return _draws(job, Permute(), "permute", {"n_permutations": job.n_permutations,
                                               "seed": job.seed})
 
 
-@_experiment("dirichlet")
-def _dirichlet(job: Job) -> list[_Row]:
+@register_experiment("dirichlet")
+def _dirichlet(job: Job) -> list[Row]:
     """Wiegreffe & Pinter's random re-draws from Dirichlet(alpha), batched like permute."""
     return _draws(job, Dirichlet(alpha=job.alpha), "dirichlet",
                   {"alpha": job.alpha, "n_draws": job.n_permutations, "seed": job.seed})
 
 
 # ----------------------------------------------------------------------------- one edit
-def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[_Row]:
+def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
     rows = []
     scope = str(job.scope)
-    spans = _batches(len(job.texts), job.batch_size or 16)
+    spans = batch_spans(len(job.texts), job.batch_size or 16)
     if job.progress:
-        from attnprobe._optional import require
+        from attnprobe.core.optional import require
 
         spans = require("tqdm").tqdm(spans, unit="batch", desc=f"perturb {job.name}")
     for span in spans:
         inputs = job.encode(job.texts[span])
         ids = ", ".join(str(i) for i in range(span.start, span.stop))
         where = f"text {ids}" if span.stop - span.start == 1 else f"texts {ids}"
-        with _named(job, where):
-            before, _ = _clean(job, inputs)
-            after = _perturbed_output(job, intervention, inputs)
-        measures = _measure(job.reader.kind, before, after)
+        with named_errors(job, where):
+            before, _ = clean_output(job, inputs)
+            after = perturbed_output(job, intervention, inputs)
+        measures = measure(job.reader.kind, before, after)
         for row, i in enumerate(range(span.start, span.stop)):
-            rows += _rows_of(measures, row, perturbation=intervention.name, params=params,
+            rows += rows_of(measures, row, perturbation=intervention.name, params=params,
                              scope=scope, example=str(i))
     return rows
 
 
-@_experiment("uniform")
-def _uniform(job: Job) -> list[_Row]:
+@register_experiment("uniform")
+def _uniform(job: Job) -> list[Row]:
     """Uniform weights over the valid keys of every scoped row."""
     return _one_shot(job, Uniform(), {})
 
 
-@_experiment("ablate")
-def _ablate(job: Job) -> list[_Row]:
+@register_experiment("ablate")
+def _ablate(job: Job) -> list[Row]:
     """Zero-ablation: the scoped heads contribute nothing."""
     return _one_shot(job, Zero(), {})
 
 
-@_experiment("mean")
-def _mean(job: Job) -> list[_Row]:
+@register_experiment("mean")
+def _mean(job: Job) -> list[Row]:
     """Mean-ablation with each head's mean output over the same texts."""
     means = head_output_means(job.model, job.tokenizer, job.texts, layers=job.scope.layers,
                               truncation=job.options["truncation"])
@@ -254,7 +256,7 @@ def _check_number(name: str, value: Any, *, integer: bool, minimum: float,
 
 
 def _options(name: str, experiment: Experiment, params: Mapping[str, Any]) -> dict[str, Any]:
-    accepted = {**_COMMON_OPTIONS, **experiment.options}
+    accepted = {**COMMON_OPTIONS, **experiment.options}
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise InputError(f"experiment {name!r} takes the options {', '.join(sorted(accepted))}; "
@@ -351,14 +353,14 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     if any(m.training for m in model.modules()):
         raise InputError("the model is in training mode (dropout makes every number random): "
                          "call model.eval()")
-    scope = Scope.parse(scope).validate(model)
+    scope = model_scope(model, scope)
     job = Job(spec.name, model, tokenizer, texts, scope, Reader("classifier"), n_permutations,
               seed, float(eps), k, float(alpha), target, progress, options)
     first = job.encode(texts[:1])
-    with _named(job, "unperturbed forward"), torch.no_grad(), \
-            capture(model, layers=scope.layers, heads=scope.heads, keep=False):
+    with named_errors(job, "unperturbed forward"), torch.no_grad(), \
+            capture(model, scope, keep=False):
         first_output = model(**first)
-    reader = _reader(model, output, first_output)
+    reader = pick_reader(model, output, first_output)
     reader(first_output, first)  # a clear error now when the output does not fit the kind
     job = replace(job, reader=reader)
     rows = spec.fn(job)

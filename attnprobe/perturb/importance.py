@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from attnprobe.capture import Site, capture
+from attnprobe.capture.text import batch_spans, check_texts, encode, model_inputs
 from attnprobe.errors import InputError
-from attnprobe.extraction import _batches, _model_inputs, check_texts, encode
 from attnprobe.types import head_id
 
 __all__ = ["IMPORTANCE_COLUMNS", "PRUNING_COLUMNS", "head_importance", "pruning_curve",
@@ -119,8 +119,8 @@ def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str
         raise InputError("head_importance needs gradients; call it outside "
                          "torch.inference_mode()")
     totals: dict[Site, torch.Tensor] = {}
-    for span in _batches(len(texts), batch_size):
-        inputs = _model_inputs(model, encode(model, tokenizer, texts[span]))
+    for span in batch_spans(len(texts), batch_size):
+        inputs = model_inputs(model, encode(model, tokenizer, texts[span]))
         n = span.stop - span.start
         with torch.enable_grad(), _gradients_reach_attention(model):
             with capture(model, keep=False, live=True) as cap:
@@ -269,7 +269,7 @@ def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
                               or steps < 1):
         raise InputError(f"steps must be None or an integer >= 1; got {steps!r}")
-    inputs = _model_inputs(model, encode(model, tokenizer, texts))
+    inputs = model_inputs(model, encode(model, tokenizer, texts))
 
     # the unpruned point; head 0 is kept only to learn the model's sites and head count
     with torch.no_grad(), capture(model, heads=[0]) as cap:

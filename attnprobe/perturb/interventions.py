@@ -21,7 +21,7 @@ depend on the device); every (batch, head, query) row gets its own draws, so ``n
 example in a batch receive ``n`` independent perturbations in one forward, and drawing for a
 batch of ``n`` consumes the generator exactly like ``n`` forwards of batch 1 in sequence.
 
-:class:`Scope` (in :mod:`attnprobe.perturb.scope`) says which layers and heads an
+:class:`Scope` (in :mod:`attnprobe.core.scope`) says which layers and heads an
 intervention touches.
 """
 
@@ -33,9 +33,8 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
+from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
-from attnprobe.perturb.scope import Scope, attention_sizes
-from attnprobe.registry import Registry, one_of
 
 Target = Literal["pattern", "output"]
 
@@ -46,10 +45,8 @@ __all__ = [
     "Intervention",
     "Mean",
     "Permute",
-    "Scope",
     "Uniform",
     "Zero",
-    "attention_sizes",
     "describe",
     "make_intervention",
 ]

@@ -2,7 +2,8 @@
 experiment function receives, the rows it returns, its seeds and its forwards through the
 capture seam.
 
-An experiment is ``fn(job) -> list[_Row]`` registered with :func:`_experiment`; the experiments
+An experiment is ``fn(job) -> list[Row]`` registered with :func:`register_experiment`; the
+experiments
 live in :mod:`attnprobe.perturb.experiments` (which imports them all, so :data:`EXPERIMENTS` is
 complete once that module is imported) and :mod:`attnprobe.perturb.searches`.
 """
@@ -20,23 +21,23 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
+from attnprobe.capture.text import encode, model_inputs
+from attnprobe.core.registry import Registry
+from attnprobe.core.scope import Scope
 from attnprobe.errors import (
     AttentionUnavailableError,
     EditNotAppliedError,
     HookNotFiredError,
 )
-from attnprobe.extraction import _model_inputs, encode
 from attnprobe.perturb.context import perturbed
 from attnprobe.perturb.readout import Reader
-from attnprobe.perturb.scope import Scope
-from attnprobe.registry import Registry
 
 __all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "Experiment", "Job"]
 
 RUN_COLUMNS = ("experiment", "perturbation", "params", "scope", "example_id", "step", "metric",
                "baseline", "perturbed", "change")
 CORPUS = "all"  # example_id of rows about the whole corpus
-_STREAM = {"draws": 0, "erase": 1, "adversarial": 2}  # independent random streams per use
+STREAMS = {"draws": 0, "erase": 1, "adversarial": 2}  # independent random streams per use
 
 
 # ----------------------------------------------------------------------------- registry
@@ -45,15 +46,15 @@ class Experiment:
     """One experiment: ``fn(job) -> rows`` and the extra keyword options it accepts."""
 
     name: str
-    fn: Callable[[Job], list[_Row]] = field(repr=False)
+    fn: Callable[[Job], list[Row]] = field(repr=False)
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
-_COMMON_OPTIONS = MappingProxyType({"batch_size": None, "truncation": False})
+COMMON_OPTIONS = MappingProxyType({"batch_size": None, "truncation": False})
 
 
-def _experiment(name: str, **options: Any) -> Callable[[Callable], Callable]:
+def register_experiment(name: str, **options: Any) -> Callable[[Callable], Callable]:
     def add(fn: Callable) -> Callable:
         EXPERIMENTS.register(name)(Experiment(name, fn, MappingProxyType(options)))
         return fn
@@ -62,7 +63,7 @@ def _experiment(name: str, **options: Any) -> Callable[[Callable], Callable]:
 
 
 # ----------------------------------------------------------------------------- rows and jobs
-class _Row(NamedTuple):
+class Row(NamedTuple):
     perturbation: str
     params: dict[str, Any]
     scope: str
@@ -99,42 +100,42 @@ class Job:
 
     def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         batch = encode(self.model, self.tokenizer, texts, truncation=self.options["truncation"])
-        return _model_inputs(self.model, batch)
+        return model_inputs(self.model, batch)
 
     def examples(self) -> Iterable[tuple[int, str]]:
         items = enumerate(self.texts)
         if not self.progress:
             return items
-        from attnprobe._optional import require
+        from attnprobe.core.optional import require
 
         return require("tqdm").tqdm(items, total=len(self.texts), unit="text",
                                     desc=f"perturb {self.name}")
 
 
-def _rows_of(measures: Mapping[str, tuple[torch.Tensor, torch.Tensor]], row: int, *,
+def rows_of(measures: Mapping[str, tuple[torch.Tensor, torch.Tensor]], row: int, *,
              perturbation: str, params: dict[str, Any], scope: str, example: str,
-             step: int | None = None) -> list[_Row]:
-    return [_Row(perturbation, params, scope, example, step, metric, float(base[row]),
+             step: int | None = None) -> list[Row]:
+    return [Row(perturbation, params, scope, example, step, metric, float(base[row]),
                  float(after[row])) for metric, (base, after) in measures.items()]
 
 
 # ----------------------------------------------------------------------------- plumbing
-def _seed(*keys: int) -> int:
+def derived_seed(*keys: int) -> int:
     """A seed derived from a tuple of non-negative ints (``(seed, stream, i, j)``)."""
     return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint32)[0])
 
 
-def _generator(*keys: int) -> torch.Generator:
-    """A CPU generator seeded with :func:`_seed` of ``keys``."""
-    return torch.Generator().manual_seed(_seed(*keys))
+def generator_for(*keys: int) -> torch.Generator:
+    """A CPU generator seeded with :func:`derived_seed` of ``keys``."""
+    return torch.Generator().manual_seed(derived_seed(*keys))
 
 
-def _repeat(inputs: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+def repeat_inputs(inputs: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
     return {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in inputs.items()}
 
 
 @contextmanager
-def _named(job: Job, where: str) -> Iterator[None]:
+def named_errors(job: Job, where: str) -> Iterator[None]:
     """Re-raise capture-seam errors with the experiment and the example in the message."""
     try:
         yield
@@ -143,17 +144,17 @@ def _named(job: Job, where: str) -> Iterator[None]:
         raise type(exc)(f"perturb {job.name} ({where}, scope {job.scope}): {message}") from exc
 
 
-def _clean(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = False
+def clean_output(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = False
            ) -> tuple[torch.Tensor, Any]:
     """The unperturbed output vector per example, through the capture seam (as the perturbed
     forwards), and the capture (``keep``: the scoped heads' maps)."""
-    with torch.no_grad(), capture(job.model, layers=job.scope.layers, heads=job.scope.heads,
+    with torch.no_grad(), capture(job.model, job.scope,
                                   keep=keep) as cap:
         output = job.model(**inputs)
     return job.reader(output, inputs).detach(), cap
 
 
-def _perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Tensor]
+def perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Tensor]
                       ) -> torch.Tensor:
     try:
         with torch.no_grad(), perturbed(job.model, intervention, job.scope, seed=job.seed):

@@ -10,9 +10,9 @@ state (of the output tensor for models that return one tensor ``[batch, seq, dim
 ``[batch, classes]`` → classifier; a transformers causal LM, or a causal reference model whose
 output is ``[batch, seq, vocab]`` → lm; otherwise embedding.
 
-:class:`Reader` turns an output into one vector per example, :func:`_reader` picks the reader
-``auto`` means, :func:`_measure` gives every metric of an output kind per example, and
-:func:`_row_max` / :func:`_mean_row_max` tally the ``max_attention`` of attention rows.
+:class:`Reader` turns an output into one vector per example, :func:`pick_reader` picks the reader
+``auto`` means, :func:`measure` gives every metric of an output kind per example, and
+:func:`row_max_sums` / :func:`mean_row_max` tally the ``max_attention`` of attention rows.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _is_causal_lm(model: nn.Module, logits: torch.Tensor | None) -> bool:
         and logits.shape[-1] == getattr(config, "vocab_size", None)
 
 
-def _reader(model: nn.Module, choice: str, output: Any) -> Reader:
+def pick_reader(model: nn.Module, choice: str, output: Any) -> Reader:
     """The reader ``choice`` names, or the one ``auto`` picks from a forward's output."""
     if choice != "auto":
         return Reader(choice)  # type: ignore[arg-type]
@@ -131,7 +131,7 @@ def _reader(model: nn.Module, choice: str, output: Any) -> Reader:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _measure(kind: str, before: torch.Tensor, after: torch.Tensor
+def measure(kind: str, before: torch.Tensor, after: torch.Tensor
              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per example ``(baseline, perturbed)`` of every metric of an output kind, ``[batch]``."""
     before = before.expand_as(after)
@@ -148,11 +148,12 @@ def _measure(kind: str, before: torch.Tensor, after: torch.Tensor
     return out
 
 
-def _distances(kind: str) -> tuple[str, ...]:
+def distances_of(kind: str) -> tuple[str, ...]:
     return ("cosine_distance", "l2_distance") if kind == "embedding" else ("tvd", "jsd", "flip")
 
 
-def _row_max(pattern: torch.Tensor, original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_max_sums(pattern: torch.Tensor, original: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per leading index: the sum of each row's largest weight over the rows of ``original``
     with at least two weights > 0, and how many such rows; ``[..., query, key]`` -> ``[...]``
     summed over every axis but the first."""
@@ -162,6 +163,6 @@ def _row_max(pattern: torch.Tensor, original: torch.Tensor) -> tuple[torch.Tenso
     return top.sum(dims).cpu(), eligible.sum(dims).cpu().double()
 
 
-def _mean_row_max(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def mean_row_max(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     # rows with a single valid key put all their weight on it: 1.0 when there is nothing else
     return torch.where(count > 0, total / count.clamp(min=1), 1.0)

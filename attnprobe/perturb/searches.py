@@ -15,27 +15,28 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnprobe.capture.info import attention_sizes
+from attnprobe.core.registry import one_of
+from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.perturb.adversarial import adversarial_attention
 from attnprobe.perturb.importance import head_importance, pruning_curve
 from attnprobe.perturb.interventions import Erase
 from attnprobe.perturb.job import (
-    _STREAM,
     CORPUS,
+    STREAMS,
     Job,
-    _clean,
-    _experiment,
-    _generator,
-    _named,
-    _perturbed_output,
-    _repeat,
-    _Row,
-    _rows_of,
-    _seed,
+    Row,
+    clean_output,
+    derived_seed,
+    generator_for,
+    named_errors,
+    perturbed_output,
+    register_experiment,
+    repeat_inputs,
+    rows_of,
 )
-from attnprobe.perturb.readout import Reader, _distances, _mean_row_max, _measure, _row_max
-from attnprobe.perturb.scope import Scope, attention_sizes
-from attnprobe.registry import one_of
+from attnprobe.perturb.readout import Reader, distances_of, mean_row_max, measure, row_max_sums
 from attnprobe.types import head_id
 
 DEFAULT_RANKINGS = ("attention", "integrated_gradients", "random")
@@ -78,8 +79,8 @@ def _attribution_order(job: Job, method: str, i: int, text: str, before: torch.T
     return keys[scores[keys].argsort(descending=True, stable=True)]
 
 
-@_experiment("erase", rankings=DEFAULT_RANKINGS, n_steps=50)
-def _erase(job: Job) -> list[_Row]:
+@register_experiment("erase", rankings=DEFAULT_RANKINGS, n_steps=50)
+def _erase(job: Job) -> list[Row]:
     """Serrano & Smith's erasure in attention, attribution and random order."""
     rankings = _check_rankings(job.options["rankings"])
     decision = job.reader.kind != "embedding"
@@ -88,8 +89,8 @@ def _erase(job: Job) -> list[_Row]:
     for i, text in job.examples():
         inputs = job.encode([text])
         example = str(i)
-        with _named(job, f"example {i}"):
-            before, cap = _clean(job, inputs, keep=True)
+        with named_errors(job, f"example {i}"):
+            before, cap = clean_output(job, inputs, keep=True)
             if len(cap.maps) != 1:
                 raise InputError(f"erase ranks the keys of one attention stack; "
                                  f"{type(job.model).__name__} has {len(cap.maps)}")
@@ -105,7 +106,7 @@ def _erase(job: Job) -> list[_Row]:
             if ranking == "attention":
                 order = keys[received[keys].argsort(descending=True, stable=True)]
             elif ranking == "random":
-                draw = torch.randperm(n, generator=_generator(job.seed, _STREAM["erase"], i))
+                draw = torch.randperm(n, generator=generator_for(job.seed, STREAMS["erase"], i))
                 order = keys[draw]
             else:
                 order = _attribution_order(job, ranking, i, text, before, keys, n_tokens)
@@ -117,22 +118,22 @@ def _erase(job: Job) -> list[_Row]:
             for start in range(0, last, size):
                 chunk = mask[start:start + size]
                 where = f"example {i}, ranking {ranking}"
-                with _named(job, where):
-                    parts.append(_perturbed_output(job, Erase(keys=chunk),
-                                                   _repeat(inputs, chunk.shape[0])))
+                with named_errors(job, where):
+                    parts.append(perturbed_output(job, Erase(keys=chunk),
+                                                   repeat_inputs(inputs, chunk.shape[0])))
             after = torch.cat(parts)
-            measures = _measure(job.reader.kind, before, after)
+            measures = measure(job.reader.kind, before, after)
             for j in range(1, min(job.k, last) + 1):
-                rows += _rows_of(measures, j - 1, perturbation="erase",
+                rows += rows_of(measures, j - 1, perturbation="erase",
                                  params={"k": j, "ranking": ranking}, scope=scope,
                                  example=example, step=j)
             if decision:
                 flips = (after.argmax(-1) != before.argmax(-1)).nonzero().flatten()
                 first = int(flips[0]) + 1 if len(flips) else None
                 params = {"n_keys": n, "ranking": ranking}
-                rows.append(_Row("erase", params, scope, example, None, "flipped", 0.0,
+                rows.append(Row("erase", params, scope, example, None, "flipped", 0.0,
                                  float(first is not None)))
-                rows.append(_Row("erase", params, scope, example, None, "fraction_to_flip",
+                rows.append(Row("erase", params, scope, example, None, "fraction_to_flip",
                                  0.0, first / n if first is not None else math.nan))
     return rows
 
@@ -156,41 +157,44 @@ def _probabilities(reader: Reader, before: torch.Tensor) -> Callable[[Any], torc
     return readout
 
 
-@_experiment("adversarial", n_adversaries=5, steps=500, lr=0.01)
-def _adversarial(job: Job) -> list[_Row]:
+@register_experiment("adversarial", n_adversaries=5, steps=500, lr=0.01)
+def _adversarial(job: Job) -> list[Row]:
     """Jain & Wallace's adversarial attention per example and scoped layer."""
-    heads = job.scope.heads or tuple(range(attention_sizes(job.model)[1]))
-    layers = job.scope.resolved_layers(job.model)
+    n_layers, n_heads = attention_sizes(job.model)
+    layers = job.scope.layers_in(n_layers)
     opts = {name: job.options[name] for name in ("n_adversaries", "steps", "lr")}
     rows = []
     for i, text in job.examples():
         inputs = job.encode([text])
-        with _named(job, f"example {i}"):
-            before, _ = _clean(job, inputs)
+        with named_errors(job, f"example {i}"):
+            before, _ = clean_output(job, inputs)
         fn = _probabilities(job.reader, before)
         for layer in layers:
-            with _named(job, f"example {i}, layer {layer}"):
+            with named_errors(job, f"example {i}, layer {layer}"):
                 found = adversarial_attention(
-                    job.model, inputs, layer=layer, heads=heads, output_fn=fn, eps=job.eps,
-                    seed=_seed(job.seed, _STREAM["adversarial"], i, layer),
+                    job.model, inputs, layer=layer, heads=job.scope.heads_of(layer, n_heads),
+                    output_fn=fn, eps=job.eps,
+                    seed=derived_seed(job.seed, STREAMS["adversarial"], i, layer),
                     **opts)
             jsd = torch.tensor(found.jsd, dtype=torch.float64)
             tvd = torch.tensor(found.tvd, dtype=torch.float64)
             within = tvd <= found.eps
             best = int(torch.where(within, jsd, -1.0).argmax()) if bool(within.any()) \
                 else int(tvd.argmin())
-            max_before = _mean_row_max(*_row_max(found.original[None], found.original[None]))
-            max_after = _mean_row_max(*_row_max(found.attention[best][None],
+            max_before = mean_row_max(*row_max_sums(found.original[None], found.original[None]))
+            max_after = mean_row_max(*row_max_sums(found.attention[best][None],
                                                 found.original[None]))
             params = {"eps": found.eps, **opts, "seed": job.seed}
-            row_scope = str(Scope(layers=(layer,), heads=job.scope.heads))
+            scoped = job.scope.heads_of(layer, n_heads)
+            row_scope = str(Scope(layers=(layer,)) if len(scoped) == n_heads
+                            else Scope(layers=(layer,), heads=scoped))
             example = str(i)
             for metric, base, value in (
                     ("jsd", 0.0, float(jsd[best]) if bool(within.any()) else math.nan),
                     ("tvd", 0.0, float(tvd[best])),
                     ("within_eps", 1.0, float(bool(within.any()))),
                     ("max_attention", float(max_before[0]), float(max_after[0]))):
-                rows.append(_Row("adversarial", params, row_scope, example, None, metric,
+                rows.append(Row("adversarial", params, row_scope, example, None, metric,
                                  base, value))
     return rows
 
@@ -220,23 +224,22 @@ def _loss_fn(job: Job) -> Callable[[Any, Mapping[str, torch.Tensor]], torch.Tens
     return loss
 
 
-@_experiment("importance", prune_steps=None)
-def _importance(job: Job) -> list[_Row]:
+@register_experiment("importance", prune_steps=None)
+def _importance(job: Job) -> list[Row]:
     """Michel et al.'s head importance and pruning curve, least important heads first."""
-    with _named(job, "head importance"):
+    with named_errors(job, "head importance"):
         frame = head_importance(job.model, job.tokenizer, job.texts, _loss_fn(job),
                                 batch_size=job.batch_size or 8)
-    if job.scope.layers is not None:
-        frame = frame[frame["layer"].isin(job.scope.layers)]
-    if job.scope.heads is not None:
-        frame = frame[frame["head"].isin(job.scope.heads)]
+    inside = [job.scope.contains(layer, head) for layer, head in
+              zip(frame["layer"], frame["head"], strict=True)]
+    frame = frame[inside]
     rows = []
     estimate = {"estimate": "gradient", "normalised": "per layer (l2)"}
     for item in frame.itertuples():
         scope = str(Scope(layers=(item.layer,), heads=(item.head,)))
-        rows.append(_Row("zero", estimate, scope, CORPUS, None, "importance", 0.0,
+        rows.append(Row("zero", estimate, scope, CORPUS, None, "importance", 0.0,
                          float(item.importance)))
-        rows.append(_Row("zero", {**estimate, "normalised": "no"}, scope, CORPUS, None,
+        rows.append(Row("zero", {**estimate, "normalised": "no"}, scope, CORPUS, None,
                          "importance_raw", 0.0, float(item.importance_raw)))
     order = frame.sort_values(["importance", "layer", "head"], kind="stable")
     order = list(zip(order["layer"].tolist(), order["head"].tolist(), strict=True))
@@ -247,15 +250,15 @@ def _importance(job: Job) -> list[_Row]:
         values = job.reader(output, inputs).detach()
         if not reference:
             reference.append(values)
-        measures = _measure(job.reader.kind, reference[0], values)
+        measures = measure(job.reader.kind, reference[0], values)
         point = {m: float(after.mean()) for m, (_, after) in measures.items()
-                 if m in _distances(job.reader.kind)}
+                 if m in distances_of(job.reader.kind)}
         if job.reader.kind != "embedding":
             point = {"agreement": 1.0 - point["flip"], **point}
         points.append(point)
         return next(iter(point.values()))
 
-    with _named(job, "pruning curve"):
+    with named_errors(job, "pruning curve"):
         curve = pruning_curve(job.model, job.tokenizer, job.texts, metric_fn, order,
                               steps=job.options["prune_steps"])
     scope = str(job.scope)
@@ -265,5 +268,5 @@ def _importance(job: Job) -> list[_Row]:
         params = {"order": "increasing importance", "pruned": [head_id(*h) for h in order[:n]]}
         for metric, value in point.items():
             base = points[0][metric]
-            rows.append(_Row("zero", params, scope, CORPUS, int(n), metric, base, value))
+            rows.append(Row("zero", params, scope, CORPUS, int(n), metric, base, value))
     return rows

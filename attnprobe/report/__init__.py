@@ -4,7 +4,7 @@ Imported on use (never by ``import attnprobe``); needs only numpy and pandas.
 """
 
 from attnprobe.report.bertviz import bertviz_json, save_bertviz, to_bertviz
-from attnprobe.report.build import Report, build
 from attnprobe.report.from_files import report_from_maps
+from attnprobe.report.page import Report, build
 
 __all__ = ["Report", "bertviz_json", "build", "report_from_maps", "save_bertviz", "to_bertviz"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnprobe.report.build import Report, build
+from attnprobe.report.page import Report, build
 from attnprobe.types import load_maps
 
 

@@ -37,15 +37,15 @@ from dataclasses import dataclass
 
 import torch
 
+from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
-from attnprobe.registry import Registry, one_of
+from attnprobe.models.tokenizer import KEYTOKEN_WORDS
 
-KEY, A, B = "key", "cat", "dog"
-FILLERS = ("the", "a", "red", "blue", "green", "big", "small", "tree", "house", "car", "book",
-           "sun", "moon", "water", "fire", "bird", "fish", "road", "ball", "box", "rain",
-           "snow", "milk", "tea", "cake", "egg", "door", "hat", "bed", "pen", "star", "sky")
-# Every word is also in WordTokenizer's default vocabulary, so the default tokenizer works too.
-WORDS: tuple[str, ...] = (KEY, A, B, *FILLERS)
+# The decisive words, then the fillers; every word is also in WordTokenizer's default
+# vocabulary, so the default tokenizer works too.
+WORDS: tuple[str, ...] = KEYTOKEN_WORDS
+KEY, A, B = WORDS[:3]
+FILLERS = WORDS[3:]
 DEFAULT_VOCAB_WORDS = 16
 MIN_VOCAB_WORDS = 5  # the three decisive words and at least two fillers
 

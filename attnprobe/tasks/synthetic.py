@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
-from attnprobe.registry import Registry
 
 PAD, BOS, EOS = 0, 1, 2
 FIRST_WORD = 3

@@ -11,7 +11,7 @@ import torch
 
 import attnprobe
 from attnprobe import InputError
-from attnprobe.extraction import encode
+from attnprobe.capture.text import encode
 from tests.conftest import track
 
 TOL = 1e-5
@@ -107,10 +107,14 @@ def test_extract_two_sentences(minilm, minilm_eager):
 
 def test_extract_layer_and_head_selection(minilm, minilm_eager):
     model, tok = minilm
-    (amap,) = attnprobe.extract(model, tok, TEXTS[:1], layers=[5], heads=[0, 11])
+    (amap,) = attnprobe.extract(model, tok, TEXTS[:1], scope="heads:5.0,5.11")
     (want,) = _eager_maps(minilm_eager, _batch(tok, TEXTS[:1]))
     assert amap.layers == (5,) and amap.heads == (0, 11)
     assert (amap.pattern - want[5:6, [0, 11]]).abs().max().item() <= TOL
+    # heads of different layers: the smallest grid that holds them
+    (grid,) = attnprobe.extract(model, tok, TEXTS[:1], scope=["head:1.3", "head:4.7"])
+    assert grid.layers == (1, 4) and grid.heads == (3, 7)
+    assert (grid.pattern - want[[1, 4]][:, [3, 7]]).abs().max().item() <= TOL
 
 
 def test_left_and_right_padding_equal_with_position_ids(minilm):
@@ -140,13 +144,18 @@ def test_extract_maps_do_not_depend_on_the_batch(minilm):
 def test_too_long_text_needs_truncation(minilm):
     model, tok = minilm
     text = " ".join(["word"] * (MAX_LEN + 100))
-    with pytest.raises(InputError, match="truncation=True"):
-        attnprobe.extract(model, tok, text, layers=[0])
-    (amap,) = attnprobe.extract(model, tok, text, layers=[0], heads=[0], truncation=True)
+    with pytest.raises(InputError, match="truncation='cut'"):
+        attnprobe.extract(model, tok, text, scope="layer:0")
+    (amap,) = attnprobe.extract(model, tok, text, scope="head:0.0", truncation="cut")
     assert amap.shape == (1, 1, MAX_LEN, MAX_LEN)
     assert len(amap.query_tokens) == len(amap.key_tokens) == MAX_LEN
     assert amap.query_tokens[0] == "[CLS]" and amap.query_tokens[-1] == "[SEP]"
     assert model.config._attn_implementation == "sdpa"
+    assert attnprobe.extract(model, tok, text, truncation=True)[0].shape[2] == MAX_LEN
+    kept = attnprobe.extract(model, tok, [text, TEXTS[0]], truncation="skip", scope="layer:0")
+    assert [m.example_id for m in kept] == ["1"]
+    with pytest.raises(InputError, match="every text is longer"):
+        attnprobe.extract(model, tok, [text], truncation="skip")
 
 
 def test_truncation_keeps_other_texts_whole(minilm):

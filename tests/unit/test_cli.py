@@ -19,7 +19,7 @@ def test_models_lists_reference_models_and_families(capsys):
 def test_extract_writes_maps_and_prints_a_summary(tmp_path, capsys):
     out = tmp_path / "maps.npz"
     code = main(["extract", "--model", "ref:transformer", "--text", "the cat sat on the mat",
-                 "--text", "a dog", "--layers", "1", "--heads", "0,2", "--out", str(out)])
+                 "--text", "a dog", "--scope", "heads:1.0,1.2", "--quiet", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "L1H2" in printed and "entropy" in printed and "L0H0" not in printed
@@ -44,8 +44,9 @@ def test_extract_to_a_tidy_table(tmp_path):
     (["extract", "--model", "ref:encoder"], "no text"),
     (["extract", "--model", "no/such/model", "--text", "hi"], "not found"),
     (["extract", "--model", "ref:nope", "--text", "hi"], "unknown reference model"),
-    (["extract", "--model", "ref:encoder", "--text", "the cat", "--layers", "5"], "out of range"),
-    (["extract", "--model", "ref:encoder", "--text", "the cat", "--heads", "9"], "out of range"),
+    (["extract", "--model", "ref:encoder", "--text", "the cat", "--scope", "layer:5"],
+     "out of range"),
+    (["extract", "--model", "ref:encoder", "--text", "the cat", "--scope", "*.9"], "out of range"),
     (["extract", "--model", "ref:encoder", "--text", "the " * 100], "at most"),
     (["extract", "--model", "ref:encoder", "--text-file", "/no/file"], "not found"),
 ])
@@ -70,7 +71,8 @@ def test_console_script_exit_code():
 
 
 @pytest.mark.parametrize("argv", [
-    ["extract", "--layers", "a"], ["extract", "--layers", "0-99999999"],
+    ["extract", "--scope", "a"], ["extract", "--scope", "layers:0-99999999"],
+    ["extract", "--show", "0"],
     ["extract", "--show", "-1"], [], ["extract", "--text", "hi", "--out", "maps.txt"],
 ])
 def test_usage_errors_are_one_line(argv, capsys):

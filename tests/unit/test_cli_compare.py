@@ -57,7 +57,7 @@ def test_writes_the_agreement_table_and_the_summary(tmp_path, capsys):
 
 
 def test_layers_query_and_steps(tmp_path, capsys):
-    argv = base(tmp_path, "--layers", "1", "--query", "max", "--n-steps", "4", "--methods",
+    argv = base(tmp_path, "--scope", "layer:1", "--query", "max", "--n-steps", "4", "--methods",
                 "integrated_gradients,saliency")
     code, printed, err = run(argv, capsys)
     assert code == 0
@@ -94,7 +94,7 @@ def test_file_of_texts_and_a_similarity_target_on_a_saved_bert(tmp_path, capsys)
     (["--target", "class:9"], "target class 9 out of range: the model has 2 classes"),
     (["--target", "colour:1"], "unknown target kind 'colour'"),
     (["--target", "next-token"], "needs language-model logits"),
-    (["--layers", "7"], "layer 7 not in this map"),
+    (["--scope", "layer:7"], "layers [7] out of range"),
     (["--text-file", "{tmp}/blank.txt"], "has no text"),
     (["--text-file", "{tmp}/missing.txt"], "text file not found"),
     (["--out", "{tmp}/agreement.txt"], "--out must end in"),
@@ -125,7 +125,7 @@ def test_no_text_is_one_line(tmp_path, capsys):
                                                     "--target"),
     (["compare", "--text", "key", "--target", "class:1", "--n-steps", "0"], "--n-steps"),
     (["compare", "--text", "key", "--target", "class:1", "--methods", " , "], "--methods"),
-    (["compare", "--text", "key", "--target", "class:1", "--layers", "x"], "--layers"),
+    (["compare", "--text", "key", "--target", "class:1", "--scope", "x"], "--scope"),
 ])
 def test_usage_errors_are_one_line(argv, message, capsys):
     code, printed, err = run(argv, capsys)

@@ -23,7 +23,7 @@ def test_uniform_writes_a_csv_with_run_columns_and_prints_a_summary(tmp_path, ca
     assert code == 0, err
     table = pd.read_csv(out)
     assert tuple(table.columns) == RUN_COLUMNS
-    assert set(table["scope"]) == {"layers:1"} and set(table["example_id"]) == {0, 1}
+    assert set(table["scope"]) == {"layer:1"} and set(table["example_id"]) == {0, 1}
     assert "median change per perturbation and metric" in printed
     assert "uniform" in printed and "tvd" in printed
     assert "perturb uniform" in err and f"wrote {len(table)} rows" in err  # progress bar
@@ -97,4 +97,4 @@ def test_help_has_examples(capsys):
     code, printed, _ = run(["perturb", "--help"], capsys)
     assert code == 0
     assert "attnprobe perturb --model ref:bilstm-classifier" in printed
-    assert "--experiment" in printed and "heads:3.5,3.7" in printed
+    assert "--experiment" in printed and "heads:0.2,1.8" in printed

@@ -12,7 +12,7 @@ def test_import_attnprobe_stays_light():
 
 
 def test_missing_extra_names_the_extra():
-    from attnprobe._optional import require
+    from attnprobe.core.optional import require
     from attnprobe.errors import MissingExtraError
 
     try:

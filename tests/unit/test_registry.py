@@ -1,6 +1,6 @@
 import pytest
 
-from attnprobe.registry import Registry
+from attnprobe.core.registry import Registry
 
 
 def test_register_get_and_errors():

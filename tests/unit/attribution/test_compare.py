@@ -388,7 +388,7 @@ def test_truth_with_the_wrong_length_is_refused(pool):
     ({"methods": []}, "at least one attribution method"),
     ({"methods": ["saliency", "deeplift"]}, "'deeplift'"),
     ({"views": ["raw", "attention"]}, "views must be distinct names"),
-    ({"layers": [3]}, "layer 3 not in this map"),
+    ({"scope": "layer:3"}, r"layers \[3\] out of range"),
     ({"target": "class:4"}, None),
 ])
 def test_bad_requests_are_input_errors(pool, options, message):

@@ -217,7 +217,7 @@ def test_norm_vectors_rebuild_the_output_projection(family, tokenizer):
             model(input_ids=inputs["input_ids"])
     finally:
         handle.remove()
-    parts, tokens = model_views._norm_parts(model, tokenizer, TEXT, [1])
+    parts, tokens = model_views.norm_parts(model, tokenizer, TEXT, [1])
     alpha, f = parts[1]
     bias = model.get_submodule(path).bias
     rebuilt = torch.einsum("hqk,hko->qo", alpha, f)
@@ -252,7 +252,7 @@ def test_attention_importance_names_every_view_and_layer(tokenizer):
     assert torch.allclose(by["flow@L0"], by["rollout@L0"], atol=1e-8)
     assert torch.allclose(by["norm@L1"],
                           views.norm_importance(model, tokenizer, TEXT, layer=1))
-    one = views.attention_importance(model, tokenizer, TEXT, views=("rollout",), layers=[1],
+    one = views.attention_importance(model, tokenizer, TEXT, views=("rollout",), scope="layer:1",
                                      query="max")
     assert [a.method for a in one] == ["rollout@L1"] and one[0].target == ""
     assert torch.allclose(one[0].scores, views.rollout(ap.extract(model, tokenizer, TEXT)[0])[1]
@@ -266,7 +266,7 @@ def test_attention_importance_refuses_bad_requests(tokenizer):
     with pytest.raises(InputError, match="views must be"):
         views.attention_importance(model, tokenizer, TEXT, views=["saliency"])
     with pytest.raises(InputError, match="layer 5"):
-        views.attention_importance(model, tokenizer, TEXT, views=["raw"], layers=[5])
+        views.attention_importance(model, tokenizer, TEXT, views=["raw"], scope="layer:5")
     with pytest.raises(InputError, match="empty"):
         views.attention_importance(model, tokenizer, "  ", views=["raw"])
 
@@ -275,7 +275,7 @@ def test_minilm_views_agree_where_they_must():
     model, tok = ap.load_model("minilm")
     track(model)
     got = views.attention_importance(model, tok, "The cat sat on the mat.",
-                                     views=("rollout", "flow", "norm"), layers=[0, 5])
+                                     views=("rollout", "flow", "norm"), scope="layers:0,5")
     by = {a.method: a.scores for a in got}
     assert torch.allclose(by["flow@L0"], by["rollout@L0"], atol=1e-7)
     for scores in by.values():

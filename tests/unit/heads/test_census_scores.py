@@ -8,10 +8,10 @@ import torch
 
 import attnprobe as ap
 from attnprobe.capture.calls import BatchPatterns, positions
+from attnprobe.core.tokens import TokenVocabulary
 from attnprobe.heads import CensusStats, HeadDistances, RowBlock, Tally
 from attnprobe.heads.scores import offset_table, wide_scores
 from attnprobe.heads.similarity import pairwise_js
-from attnprobe.heads.summary import MapVocabulary
 from attnprobe.types import AttentionMap, ModelInfo
 
 INFO = ModelInfo(name="toy", arch="toy", n_layers=1, n_heads=1, causal=False)
@@ -266,7 +266,8 @@ def test_head_distances_merge_exactly_and_skip_padding():
 
 
 def test_map_vocabulary_recognises_special_tokens():
-    vocab = MapVocabulary([amap(torch.eye(len(WORDS)))])
+    m = amap(torch.eye(len(WORDS)))
+    vocab = TokenVocabulary([*m.query_tokens, *m.key_tokens])
     assert vocab.cls_token_id == vocab.get_vocab()["[CLS]"]
     assert vocab.sep_token_id == vocab.get_vocab()["[SEP]"]
     assert vocab.bos_token_id is None

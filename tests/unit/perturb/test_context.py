@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from attnprobe.capture import count_hooks
+from attnprobe.core.scope import Scope
 from attnprobe.errors import (
     AttentionUnavailableError,
     EditNotAppliedError,
@@ -17,7 +18,7 @@ from attnprobe.errors import (
 )
 from attnprobe.models import build_reference
 from attnprobe.perturb.context import head_output_means, perturbed
-from attnprobe.perturb.interventions import Dirichlet, Erase, Mean, Permute, Scope, Uniform, Zero
+from attnprobe.perturb.interventions import Dirichlet, Erase, Mean, Permute, Uniform, Zero
 from tests import helpers
 from tests.conftest import track
 from tests.helpers import bert_tokenizer, bert_vocab

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.extraction import _model_inputs, encode
+from attnprobe.capture.text import encode, model_inputs
 from attnprobe.perturb.importance import (
     IMPORTANCE_COLUMNS,
     PRUNING_COLUMNS,
@@ -51,7 +51,7 @@ def finite_difference(model, tok, layer: int, head: int, delta: float = 1e-4) ->
     differences (one text at a time, so the abs is per example)."""
     slopes = []
     for text in TEXTS:
-        inputs = _model_inputs(model, encode(model, tok, [text]))
+        inputs = model_inputs(model, encode(model, tok, [text]))
 
         def loss_at(gate: float, inputs=inputs) -> torch.Tensor:
             def edit(_layer: int, pattern: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ def test_pruning_curve_starts_at_the_unpruned_metric(encoder):
     assert tuple(curve.columns) == PRUNING_COLUMNS
     assert curve["n_pruned"].tolist() == [0, 1, 2, 3]
     assert curve["share_pruned"].tolist() == pytest.approx([0, 1 / 8, 2 / 8, 3 / 8])
-    inputs = _model_inputs(model, encode(model, tok, TEXTS))
+    inputs = model_inputs(model, encode(model, tok, TEXTS))
     with torch.no_grad():
         plain = metric(model(**inputs), inputs).item()
     assert curve["metric"].iloc[0] == pytest.approx(plain, abs=1e-12)
@@ -173,7 +173,7 @@ def test_pruning_a_whole_layer_equals_zeroing_its_attention_output(encoder):
     assert curve["n_pruned"].tolist() == [0, 2, 4]
     assert curve["share_pruned"].iloc[-1] == pytest.approx(0.5)
 
-    inputs = _model_inputs(model, encode(model, tok, TEXTS))
+    inputs = model_inputs(model, encode(model, tok, TEXTS))
 
     def zero_heads(module, args):  # the concatenated head outputs, before the projection
         return (torch.zeros_like(args[0]),)

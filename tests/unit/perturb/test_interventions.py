@@ -1,5 +1,5 @@
 """Interventions on synthetic patterns: masks kept, rows renormalised, only scoped heads
-touched, reproducible draws; Scope parsing and validation; the registry's errors."""
+touched, reproducible draws; the registry's errors."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import pytest
 import torch
 
 from attnprobe.errors import InputError
-from attnprobe.models import build_reference
 from attnprobe.perturb.interventions import (
     INTERVENTIONS,
     Dirichlet,
     Erase,
     Mean,
     Permute,
-    Scope,
     Uniform,
     Zero,
     describe,
@@ -202,41 +200,3 @@ def test_registry_and_make_intervention():
         make_intervention("permute", k=1)
     assert describe(Erase(k=3)) == {"k": 3, "keys": None}
     assert describe(Erase(keys=torch.tensor([1, 2]))) == {"k": 1, "keys": "tensor[2]"}
-
-
-# ----------------------------------------------------------------------------- scope
-@pytest.mark.parametrize("text, layers, heads", [
-    ("all", None, None), ("", None, None), ("layer:3", (3,), None),
-    ("layers:3,1,3", (1, 3), None), ("head:3.5", (3,), (5,)), ("heads:3.5,3.7", (3,), (5, 7)),
-    ("heads:L3H5, L4H5", (3, 4), (5,)), ("head:*.2", None, (2,)),
-    ("HEADS:1.0,1.1,2.0,2.1", (1, 2), (0, 1)),
-])
-def test_scope_parse_and_round_trip(text, layers, heads):
-    scope = Scope.parse(text)
-    assert (scope.layers, scope.heads) == (layers, heads)
-    assert Scope.parse(str(scope)) == scope
-
-
-@pytest.mark.parametrize("text, message", [
-    ("heads:3.5,4.7", "not a product"), ("layer:x", "integers"), ("head:3", "not a head"),
-    ("neurons:1", "use 'all'"), ("layer:", "names nothing"), ("heads:*.1,2.1", "mixes"),
-])
-def test_scope_parse_errors(text, message):
-    with pytest.raises(InputError, match=message):
-        Scope.parse(text)
-
-
-def test_scope_fields_are_checked_and_validated_against_the_model():
-    assert Scope(layers=[2, 0, 2]).layers == (0, 2)
-    assert Scope(layers=1, heads=3) == Scope((1,), (3,))
-    with pytest.raises(InputError, match="non-negative"):
-        Scope(layers=(-1,))
-    with pytest.raises(InputError, match="must not be empty"):
-        Scope(heads=())
-    model, _ = build_reference("transformer")  # 2 layers x 4 heads
-    assert Scope.parse("heads:1.3").validate(model) == Scope((1,), (3,))
-    with pytest.raises(InputError, match=r"layers \[2\] out of range.*2 layers \(0\.\.1\)"):
-        Scope.parse("layer:2").validate(model)
-    with pytest.raises(InputError, match=r"heads \[4\] out of range.*4 heads \(0\.\.3\)"):
-        Scope.parse("head:0.4").validate(model)
-    assert Scope().resolved_layers(model) == (0, 1)

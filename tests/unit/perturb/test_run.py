@@ -17,7 +17,8 @@ import attnprobe as ap
 from attnprobe.errors import AttentionUnavailableError, EditNotAppliedError, InputError
 from attnprobe.models import build_reference
 from attnprobe.perturb import Permute, Scope, Zero, perturbed, tvd
-from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, _generator, run
+from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, run
+from attnprobe.perturb.job import generator_for
 from tests.conftest import track
 
 TEXTS = ["the cat sat on the red mat", "a dog ran to the big tree", "the bird saw a fish"]
@@ -93,7 +94,7 @@ def test_zero_ablating_every_head_of_every_layer_changes_the_output(classifier, 
 def test_scope_limits_the_edit_and_is_reported(classifier):
     model, tok = classifier
     one = run(model, tok, TEXTS[:1], "uniform", scope="head:1.0")
-    assert set(one["scope"]) == {"heads:1.0"}
+    assert set(one["scope"]) == {"head:1.0"}
     every = run(model, tok, TEXTS[:1], "uniform", scope=Scope())
     one_tvd = one.set_index("metric").loc["tvd", "perturbed"]
     assert one_tvd != every.set_index("metric").loc["tvd", "perturbed"]
@@ -145,7 +146,7 @@ def test_permuting_a_uniform_head_reports_exactly_zero_change():
 
 def test_uniform_on_an_already_uniform_head_is_a_clear_error_not_a_silent_no_op():
     model, tok = uniform_first_layer()
-    with pytest.raises(EditNotAppliedError, match=r"perturb uniform \(text 0.*layers:0.*"
+    with pytest.raises(EditNotAppliedError, match=r"perturb uniform \(text 0.*layer:0.*"
                                                   r"uniform changed no attention weight"):
         run(model, tok, TEXTS[:1], "uniform", scope="layer:0")
 
@@ -165,7 +166,7 @@ def test_batched_permutations_equal_sequential_ones_for_the_same_seed(classifier
         before = model(**batch).softmax(-1)
         changes = []
         for j in range(n):
-            with perturbed(model, Permute(), Scope(), generator=_generator(0, 0, 1, j)):
+            with perturbed(model, Permute(), Scope(), generator=generator_for(0, 0, 1, j)):
                 changes.append(float(tvd(before, model(**batch).softmax(-1))[0]))
     row = batched[batched["example_id"] == "1"].set_index("metric")["perturbed"]
     expected = torch.tensor(changes, dtype=torch.float64)
@@ -239,7 +240,7 @@ def test_adversarial_reports_jsd_within_eps_per_example_and_layer(bilstm):
     model, tok = bilstm
     table = run(model, tok, TEXTS[:2], "adversarial", eps=0.05, steps=15, n_adversaries=2)
     check_table(table)
-    assert set(table["scope"]) == {"layers:0"}
+    assert set(table["scope"]) == {"layer:0"}
     assert json.loads(table["params"][0]) == {"eps": 0.05, "lr": 0.01, "n_adversaries": 2,
                                               "seed": 0, "steps": 15}
     for _, group in table.groupby("example_id"):
@@ -257,7 +258,7 @@ def test_importance_scores_heads_and_prunes_in_increasing_importance(classifier)
     table = run(model, tok, TEXTS, "importance")
     check_table(table)
     heads = table[table["metric"] == "importance"]
-    assert sorted(heads["scope"]) == ["heads:0.0", "heads:0.1", "heads:1.0", "heads:1.1"]
+    assert sorted(heads["scope"]) == ["head:0.0", "head:0.1", "head:1.0", "head:1.1"]
     assert (heads["example_id"] == "all").all() and (heads["perturbed"] >= 0).all()
     curve = table.dropna(subset=["step"])
     assert sorted(curve["step"].unique().tolist()) == [1, 2, 3, 4]
@@ -269,7 +270,7 @@ def test_importance_scores_heads_and_prunes_in_increasing_importance(classifier)
     agreement = curve[curve["metric"] == "agreement"]
     assert (agreement["baseline"] == 1.0).all()
     scoped = run(model, tok, TEXTS, "importance", scope="layer:1")
-    assert set(scoped[scoped["metric"] == "importance"]["scope"]) == {"heads:1.0", "heads:1.1"}
+    assert set(scoped[scoped["metric"] == "importance"]["scope"]) == {"head:1.0", "head:1.1"}
 
 
 # ----------------------------------------------------------------------------- output kinds

@@ -26,7 +26,7 @@ def _git(*args: str) -> str:
 
 def provenance(script: str, config: Any, wall_s: float | None = None) -> dict[str, Any]:
     """What produced a run: script, config, versions of every library loaded, machine, git."""
-    from attnprobe import __version__
+    from attnprobe.core.version import __version__
 
     versions = {"attnprobe": __version__, "torch": torch.__version__,
                 "pandas": pd.__version__, "python": platform.python_version()}

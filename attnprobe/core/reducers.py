@@ -18,9 +18,10 @@ from typing import Protocol
 import pandas as pd
 import torch
 
+from attnprobe.core.divergence import entropy
+from attnprobe.core.registry import Registry
+from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
-from attnprobe.registry import Registry
-from attnprobe.types import head_id
 
 # Tidy columns of Tally.to_frame().
 STAT_COLUMNS = ("stack", "kind", "layer", "head", "head_id", "statistic", "value", "sum", "count")
@@ -108,8 +109,7 @@ class Entropy:
             real = (block.key_pos >= 0)[:, None, None, :].to(a.dtype)
             uniform = real / block.key_len[:, None, None, None].to(a.dtype)
             a = (1 - self.smoothing) * a + self.smoothing * uniform
-        h = -torch.special.xlogy(a, a).sum(-1, dtype=torch.float64)
-        return {self.name: block.masked_row_sum(h)}
+        return {self.name: block.masked_row_sum(entropy(a))}
 
 
 @REDUCERS.register("max_weight")

@@ -1,4 +1,4 @@
-"""attnprobe.benchmarking: every expected value follows from how the inputs were built."""
+"""analyses/harness/benchmarking.py: every expected value follows from how the inputs were built."""
 
 import dataclasses
 import json
@@ -10,8 +10,9 @@ import weakref
 
 import pandas as pd
 import pytest
+from harness import benchmarking as bm
 
-from attnprobe import benchmarking as bm
+from tests.conftest import ANALYSES
 
 
 def fake_raw():
@@ -218,10 +219,10 @@ def test_run_json_child_failure_shows_stderr():
 
 def test_import_stays_light():
     heavy = ("transformers", "captum", "matplotlib", "spacy", "seaborn", "scipy")
-    code = ("import sys, attnprobe.benchmarking; "
+    code = ("import sys, harness.benchmarking; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, cwd=ANALYSES)
     assert out.stdout.strip() == "[]"
 
 

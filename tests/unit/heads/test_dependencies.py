@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnprobe import AttentionMap, InputError, ModelInfo
-from attnprobe.heads.syntax import (
+from attnprobe.heads.dependencies import (
     PER_HEAD_COLUMNS,
     TABLE_COLUMNS,
     SyntaxCounts,

@@ -32,10 +32,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
 from attnprobe.heads.trees import Tree
 from attnprobe.heads.words import FROM_AGGS, align_tokens, to_words
-from attnprobe.registry import one_of
 from attnprobe.types import AttentionMap, head_id
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)

@@ -1,0 +1,112 @@
+"""Texts in, attention out: :func:`extract` (maps) and :func:`head_stats` (streaming sums).
+
+Both take the signature every corpus analysis shares, ``(model, tokenizer, texts, *, scope,
+batch_size, truncation, seed, progress)``, and split their batches over the ranks of a
+``torch.distributed`` process group when one is initialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnprobe.capture.context import capture
+from attnprobe.capture.info import model_scope
+from attnprobe.capture.text import (
+    DEFAULT_BATCH_SIZE,
+    Truncation,
+    batch_spans,
+    encode,
+    model_inputs,
+    prepare_corpus,
+)
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.reducers import Reducer, Tally, default_reducers
+from attnprobe.core.scope import ScopeLike
+from attnprobe.types import AttentionMap
+
+__all__ = ["extract", "head_stats"]
+
+
+def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
+            scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
+            truncation: Truncation = "error", seed: int = 0, progress: bool = False,
+            max_length: int | None = None,
+            distributed: bool | None = None) -> list[AttentionMap]:
+    """Attention maps of each text, padding stripped.
+
+    Args:
+        texts: the inputs; a text with a tab is a sentence pair.
+        scope: which heads to keep (``"all"``, ``"layer:3"``, ``"heads:0.2,1.8"`` ...; see
+            :mod:`attnprobe.core.scope`). A scope that is not a layers × heads grid keeps the
+            smallest grid holding it (a map is one ``[layer, head, ...]`` array).
+        batch_size: texts per forward.
+        truncation: ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the model
+            allows (:mod:`attnprobe.capture.text`).
+        seed: part of the shared signature; extraction draws nothing at random.
+        progress: a progress bar over batches.
+        max_length: a tighter cap on tokens per text than the model's own.
+        distributed: split the batches over the ranks of an initialised ``torch.distributed``
+            group and gather every map on every rank (default: when a group is initialised).
+
+    Returns:
+        ``list[AttentionMap]``: one per text (one per text and attention stack for
+        encoder-decoder models), each ``[layer, head, query, key]``; ``example_id`` is the
+        text's index in ``texts``. Batches are padded on the right, so a text's maps do not
+        depend on the other texts of its batch.
+
+    Example:
+        >>> model, tok = ap.load_model("minilm")
+        >>> maps = ap.extract(model, tok, ["The cat sat on the mat."], scope="layer:0")
+    """
+    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
+                            max_length=max_length)
+    scope = model_scope(model, scope)
+
+    def run(span: slice) -> list[AttentionMap]:
+        batch = encode(model, tokenizer, corpus.texts[span], max_length=max_length,
+                       truncation=truncation)
+        with torch.no_grad(), capture(model, scope=scope, tokenizer=tokenizer,
+                                      example_ids=corpus.ids[span]) as cap:
+            model(**model_inputs(model, batch))
+        return cap.maps
+
+    spans = batch_spans(len(corpus.texts), batch_size)
+    parts = run_sharded(run, spans, distributed=distributed, progress=progress, desc="extract")
+    return [amap for part in parts for amap in part]
+
+
+def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
+               scope: ScopeLike = "all", reducers: Sequence[Reducer] | None = None,
+               batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
+               seed: int = 0, progress: bool = False, max_length: int | None = None,
+               query_block: int | None = None, distributed: bool | None = None) -> Tally:
+    """Streaming per-head statistics over a corpus; no attention map is kept.
+
+    Arguments as :func:`extract`, plus ``reducers`` (default: entropy, max weight,
+    previous/self/next and first-key mass) and ``query_block`` (query rows per block; default
+    as many as fit in 16 MiB).
+
+    Returns a :class:`~attnprobe.core.reducers.Tally` (``.summary()`` for one row per head,
+    ``.to_frame()`` tidy); tallies of different corpora merge with ``+``.
+    """
+    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
+                            max_length=max_length)
+    reducers = list(reducers) if reducers is not None else default_reducers()
+    scope = model_scope(model, scope)
+
+    def run(span: slice) -> Tally:
+        batch = encode(model, tokenizer, corpus.texts[span], max_length=max_length,
+                       truncation=truncation)
+        with torch.no_grad(), capture(model, scope=scope, keep=False, reducers=reducers,
+                                      query_block=query_block) as cap:
+            model(**model_inputs(model, batch))
+        return cap.tally
+
+    spans = batch_spans(len(corpus.texts), batch_size)
+    parts = run_sharded(run, spans, distributed=distributed, progress=progress,
+                        desc="head_stats")
+    return sum(parts, Tally())

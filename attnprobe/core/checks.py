@@ -1,0 +1,33 @@
+"""Checks of numeric arguments with one-line messages, shared by every entry point."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from attnprobe.errors import InputError
+
+__all__ = ["check_number", "check_positive_ints"]
+
+
+def check_number(name: str, value: Any, *, integer: bool, minimum: float,
+                 strict: bool = False) -> None:
+    """Raise InputError unless ``value`` is an int (``integer``) or a finite number, at least
+    ``minimum`` (greater than it when ``strict``); bools are not numbers here."""
+    kind = "an integer" if integer else "a finite number"
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if ok and not integer:
+        ok = math.isfinite(value)
+    if ok:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise InputError(f"{name} must be {kind} {bound}; got {value!r}")
+
+
+def check_positive_ints(owner: str, **values: int | None) -> None:
+    """Each given value (``None`` = not given) is an integer >= 1."""
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise InputError(f"{owner}: {name} must be a positive integer; got {value!r}")

@@ -1,0 +1,119 @@
+"""The census's batches: sentences (raw texts or parsed trees) checked against the model's
+length limit, sorted by length and encoded the one way the census runs them.
+
+:func:`plan_batches` is public so that a benchmark can run a bare forward over exactly the
+batches the census runs (``analyses/bench_census.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnprobe.capture.text import encode, max_length_of, model_inputs, token_lengths
+from attnprobe.errors import InputError
+from attnprobe.heads.trees import Tree
+
+__all__ = ["CensusBatch", "Sentence", "plan_batches"]
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence to run: its words (when it has a tree) or text, and its token count."""
+
+    index: int
+    sentence_id: str
+    text: str | None
+    tree: Tree | None
+    n_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class CensusBatch:
+    """Sentences of similar length that run in one forward."""
+
+    sentences: tuple[Sentence, ...]
+    model: nn.Module
+    tokenizer: Any
+    truncation: str
+    max_length: int | None
+
+    def inputs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """Model inputs on the model's device, and ``[batch, token]`` word index of each token
+        (-1: special/padding; ``None`` for raw texts)."""
+        items = self.sentences
+        if items[0].tree is None:
+            batch = encode(self.model, self.tokenizer, [it.text for it in items],
+                           max_length=self.max_length, truncation=self.truncation)
+            return model_inputs(self.model, batch), None
+        words = [list(it.tree.words) for it in items]
+        enc = self.tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+        token_word = torch.tensor([[-1 if w is None else w for w in enc.word_ids(b)]
+                                   for b in range(len(items))], dtype=torch.long)
+        batch = {k: enc[k] for k in ("input_ids", "attention_mask")}
+        return model_inputs(self.model, batch), token_word
+
+
+def _lengths(tokenizer: Any, texts: Sequence[str] | None,
+             trees: Sequence[Tree] | None) -> list[int]:
+    if trees is None:
+        return token_lengths(tokenizer, texts)
+    try:
+        enc = tokenizer([list(t.words) for t in trees], is_split_into_words=True)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"this tokenizer cannot take pre-split words ({exc}); "
+                         "syntax needs a tokenizer that can") from None
+    for b, tree in enumerate(trees):
+        covered = {w for w in enc.word_ids(b) if w is not None}
+        if len(covered) != len(tree.words):
+            missing = sorted(set(range(len(tree.words))) - covered)[0]
+            raise InputError(f"sentence {tree.sentence_id}: word {missing + 1} "
+                             f"{tree.words[missing]!r} gives no token")
+    return [len(ids) for ids in enc["input_ids"]]
+
+
+def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
+               trees: Sequence[Tree] | None, max_length: int | None,
+               truncation: str) -> tuple[list[Sentence], tuple[str, ...]]:
+    if truncation == "cut" and trees is not None:
+        raise InputError("a parsed sentence cannot be cut (its tree would no longer match); "
+                         "use truncation='skip' (CLI --skip-long)")
+    lengths = _lengths(tokenizer, texts, trees)
+    limit = max_length_of(model, tokenizer)
+    if max_length is not None:
+        limit = min(limit, max_length) if limit else max_length
+    items, skipped = [], []
+    for i, n in enumerate(lengths):
+        tree = trees[i] if trees is not None else None
+        sentence_id = tree.sentence_id if tree is not None else str(i)
+        if limit is not None and n > limit and truncation != "cut":
+            if truncation == "error":
+                raise InputError(f"sentence {sentence_id} has {n} tokens but the model takes at "
+                                 f"most {limit}; shorten it or pass truncation='skip' "
+                                 "(CLI: --skip-long)")
+            skipped.append(sentence_id)
+            continue
+        text = texts[i] if texts is not None else None
+        items.append(Sentence(i, sentence_id, text, tree, min(n, limit or n)))
+    if not items:
+        raise InputError(f"every sentence was skipped as too long ({len(skipped)})")
+    return items, tuple(skipped)
+
+
+def plan_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
+                 trees: Sequence[Tree] | None = None, batch_size: int,
+                 truncation: str = "error", max_length: int | None = None
+                 ) -> tuple[list[CensusBatch], tuple[str, ...]]:
+    """The census's batches (sentences sorted by length, so a batch holds similar lengths and
+    little padding) and the ids of sentences skipped as too long."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
+    items, skipped = _sentences(model, tokenizer, texts, trees, max_length, truncation)
+    ordered = sorted(items, key=lambda it: (it.n_tokens, it.index))
+    batches = [CensusBatch(tuple(ordered[i:i + batch_size]), model, tokenizer, truncation,
+                           max_length) for i in range(0, len(ordered), batch_size)]
+    return batches, skipped

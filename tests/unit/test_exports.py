@@ -1,0 +1,61 @@
+"""The public names of each package: none equals a submodule's name (it would be replaced by
+the module once that submodule is imported), every one stays the same object after every
+submodule is imported, and ``dir(attnprobe)`` lists every entry point."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+import attnprobe as ap
+
+PACKAGES = ("attnprobe.attribution", "attnprobe.perturb", "attnprobe.heads",
+            "attnprobe.capture", "attnprobe.report")
+
+
+def submodules(package: types.ModuleType) -> set[str]:
+    return {info.name for info in pkgutil.iter_modules(package.__path__)}
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_no_public_name_is_a_submodule_name(name):
+    package = importlib.import_module(name)
+    assert sorted(set(package.__all__) & submodules(package)) == []
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_public_names_stay_the_same_object_after_every_submodule_is_imported(name):
+    package = importlib.import_module(name)
+    before = {attr: getattr(package, attr) for attr in package.__all__}
+    for sub in sorted(submodules(package)):
+        importlib.import_module(f"{name}.{sub}")
+    for attr, first in before.items():
+        assert not isinstance(first, types.ModuleType), attr
+        assert getattr(package, attr) is first, attr
+
+
+def test_compare_and_run_are_functions_on_repeated_use():
+    for _ in range(2):
+        assert inspect.isfunction(ap.attribution.compare)
+        assert inspect.isfunction(ap.perturb.run)
+    assert ap.attribution.compare is ap.attribution.compare
+
+
+def test_dir_lists_every_entry_point_and_on_use_packages_load_lazily():
+    listed = set(dir(ap))
+    for name in ("load_model", "extract", "capture", "head_stats", "perturb", "attribution",
+                 "report", "heads", "Scope", "save_maps", "load_maps", "__version__"):
+        assert name in listed, name
+    assert set(ap.__all__) <= listed
+    code = ("import sys, attnprobe as ap; d = dir(ap); "
+            "print([m for m in ('attnprobe.perturb', 'attnprobe.attribution', "
+            "'attnprobe.report') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
