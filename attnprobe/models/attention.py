@@ -3,7 +3,8 @@
 The attention weights are always materialised (never ``F.scaled_dot_product_attention``), and
 every module passes them through two hook points:
 
-- ``hook_scores``: pre-softmax, pre-mask scores ``q @ kᵀ / sqrt(d)``  ``[batch, head, query, key]``
+- ``hook_scores``: pre-softmax, pre-mask scores ``q @ kᵀ / sqrt(d)`` (+ an optional bias, e.g.
+  ALiBi's) ``[batch, head, query, key]``
 - ``hook_pattern``: post-softmax weights                             ``[batch, head, query, key]``
 
 A forward hook on either can read the tensor or return a replacement (the edit seam).
@@ -18,6 +19,7 @@ from torch import nn
 
 from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
+from attnprobe.models.inputs import check_key_padding_mask
 
 
 def causal_mask(n_query: int, n_key: int, device: torch.device | None = None) -> torch.Tensor:
@@ -37,17 +39,21 @@ def scaled_dot_product(
     hook_pattern: HookPoint,
     *,
     causal: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(mask(q @ kᵀ / sqrt(d))) @ v, with both intermediate tensors sent through hooks.
+    """softmax(mask(q @ kᵀ / sqrt(d) [+ bias])) @ v, with both intermediate tensors sent
+    through hooks.
 
     Args:
         query: ``[batch, head, query, d]``.
         key: ``[batch, head, key, d]``.
         value: ``[batch, head, key, dv]``.
         mask: bool, broadcastable to ``[batch, head, query, key]``; True = may attend. Or None.
-        hook_scores: receives the scaled scores before masking.
+        hook_scores: receives the scaled (and biased) scores before masking.
         hook_pattern: receives the post-softmax weights.
         causal: also forbid keys after the query (top-left aligned).
+        bias: float, broadcastable to ``[batch, head, query, key]``, added to the scaled
+            scores before ``hook_scores`` (ALiBi's distance penalty), or None.
 
     Returns:
         ``[batch, head, query, dv]``.
@@ -67,6 +73,8 @@ def scaled_dot_product(
         )
     n_query, n_key = query.shape[-2], key.shape[-2]
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # [batch, head, q, k]
+    if bias is not None:
+        scores = scores + bias
     scores = hook_scores(scores)
 
     allowed = _allowed(mask, scores.shape, n_query, n_key, causal, scores.device)
@@ -181,6 +189,41 @@ class MultiHeadAttention(nn.Module):
         batch, seq, _ = x.shape
         return x.view(batch, seq, n, self.d_head).transpose(1, 2)
 
+    def project(
+        self, x: torch.Tensor, context: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Check the inputs and project them to heads: queries from ``x`` ``[batch, query,
+        d_model]``, keys and values from ``context`` ``[batch, key, d_model]`` (or ``x``).
+
+        Returns:
+            ``q [batch, head, query, d_head]``, ``k, v [batch, kv_head, key, d_head]``.
+        """
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise InputError(f"x must be [batch, seq, {self.d_model}]; got {tuple(x.shape)}")
+        source = x if context is None else context
+        if source.ndim != 3 or source.shape[0] != x.shape[0] or source.shape[-1] != self.d_model:
+            raise InputError(
+                f"context must be [batch={x.shape[0]}, seq, {self.d_model}]; "
+                f"got {tuple(source.shape)}"
+            )
+        q = self._split(self.q_proj(x), self.n_heads)  # [batch, head, query, d_head]
+        k = self._split(self.k_proj(source), self.n_kv_heads)  # [batch, kv_head, key, d_head]
+        v = self._split(self.v_proj(source), self.n_kv_heads)  # [batch, kv_head, key, d_head]
+        return q, k, v
+
+    def expand_kv(self, kv: torch.Tensor) -> torch.Tensor:
+        """GQA: ``[batch, kv_head, key, d]`` -> ``[batch, head, key, d]``, each key/value head
+        repeated for the ``n_heads // n_kv_heads`` query heads it serves."""
+        group = self.n_heads // self.n_kv_heads
+        return kv.repeat_interleave(group, dim=1) if group > 1 else kv
+
+    def merge(self, z: torch.Tensor) -> torch.Tensor:
+        """Heads back to the model width: ``[batch, head, query, d_head]`` -> ``out_proj`` of
+        ``[batch, query, head * d_head]`` -> ``[batch, query, d_model]``."""
+        batch, _, n_query, _ = z.shape
+        z = z.transpose(1, 2).reshape(batch, n_query, self.n_heads * self.d_head)
+        return self.out_proj(z)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -203,29 +246,13 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``[batch, query, d_model]``.
         """
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise InputError(f"x must be [batch, seq, {self.d_model}]; got {tuple(x.shape)}")
-        source = x if context is None else context
-        if source.ndim != 3 or source.shape[0] != x.shape[0] or source.shape[-1] != self.d_model:
-            raise InputError(
-                f"context must be [batch={x.shape[0]}, seq, {self.d_model}]; "
-                f"got {tuple(source.shape)}"
-            )
-        batch, n_query, _ = x.shape
-        n_key = source.shape[1]
-
-        q = self._split(self.q_proj(x), self.n_heads)  # [batch, head, query, d_head]
-        k = self._split(self.k_proj(source), self.n_kv_heads)  # [batch, kv_head, key, d_head]
-        v = self._split(self.v_proj(source), self.n_kv_heads)  # [batch, kv_head, key, d_head]
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)  # [batch, head, key, d_head]
-            v = v.repeat_interleave(group, dim=1)  # [batch, head, key, d_head]
-
+        # q [batch, head, query, d_head]; k, v [batch, kv_head, key, d_head]
+        q, k, v = self.project(x, context)
+        k, v = self.expand_kv(k), self.expand_kv(v)  # [batch, head, key, d_head]
         mask = self.build_mask(
             attn_mask,
             key_padding_mask,
-            (batch, n_query, n_key),
+            (q.shape[0], q.shape[2], k.shape[2]),  # (batch, query, key)
             causal=causal,
             self_attention=context is None,
             device=x.device,
@@ -233,8 +260,7 @@ class MultiHeadAttention(nn.Module):
         z = scaled_dot_product(
             q, k, v, mask, self.hook_scores, self.hook_pattern
         )  # [batch, head, query, d_head]
-        z = z.transpose(1, 2).reshape(batch, n_query, self.n_heads * self.d_head)
-        return self.out_proj(z)  # [batch, query, d_model]
+        return self.merge(z)  # [batch, query, d_model]
 
     @staticmethod
     def build_mask(
@@ -269,14 +295,9 @@ class MultiHeadAttention(nn.Module):
         if causal:
             tri = causal_mask(n_query, n_key, device)  # [query, key]
             mask = tri if mask is None else mask & tri
-        if key_padding_mask is None:
+        real = check_key_padding_mask(key_padding_mask, batch, n_key, device)  # [batch, key]
+        if real is None:
             return mask
-        if tuple(key_padding_mask.shape) != (batch, n_key):
-            raise InputError(
-                f"key_padding_mask must be [batch, key] = {(batch, n_key)}; "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
-        real = key_padding_mask.to(device) != 0  # [batch, key]
         keys = real[:, None, None, :]  # [batch, 1, 1, key]
         mask = keys if mask is None else mask & keys
         if self_attention:

@@ -42,14 +42,13 @@ from typing import Literal
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnprobe.errors import InputError
-from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
-from attnprobe.models.rnn_attention import BahdanauAttention
+from attnprobe.models.inputs import ConfigSizes, check_sizes, check_token_inputs
+from attnprobe.models.rnn_attention import BahdanauAttention, real_first, run_packed
 from attnprobe.models.tokenizer import KEYTOKEN_WORDS, WordTokenizer
-from attnprobe.models.transformer import Block, TransformerConfig
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.transformer import TransformerBody, TransformerConfig
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 Encoder = Literal["bilstm", "average"]
 Pooling = Literal["bos", "mean"]
@@ -84,9 +83,7 @@ class AttentionClassifierConfig:
     def __post_init__(self) -> None:
         if self.encoder not in ("bilstm", "average"):
             raise InputError(f"encoder must be 'bilstm' or 'average'; got {self.encoder!r}")
-        for name in ("vocab_size", "d_embed", "d_hidden", "n_classes"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_embed", "d_hidden", "n_classes")
         if self.d_attn is not None and self.d_attn < 1:
             raise InputError(f"d_attn must be >= 1; got {self.d_attn}")
 
@@ -124,14 +121,10 @@ class AttentionClassifier(ConfigSizes, nn.Module):
         positions get zeros (``bilstm``) or the projection of the padding embedding."""
         if self.config.encoder == "average":
             return torch.tanh(self.projection(embedded))
-        # move each row's real tokens to the front (stable), pack, run, put them back
-        order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices  # [batch, seq]
-        front = embedded.gather(1, order[..., None].expand_as(embedded))
-        packed = pack_padded_sequence(front, real.sum(1).cpu(), batch_first=True,
-                                      enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=embedded.shape[1])
-        return torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
+        order = real_first(real)  # [batch, seq]: each row's real tokens first
+        front = embedded.gather(1, order[..., None].expand_as(embedded))  # [batch, seq, d_embed]
+        states, _ = run_packed(self.lstm, front, real, order)  # [batch, seq, d_state]
+        return states
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
@@ -173,7 +166,7 @@ class TransformerClassifierConfig(TransformerConfig):
             raise InputError(f"n_classes must be >= 1; got {self.n_classes}")
 
 
-class TransformerClassifier(ConfigSizes, nn.Module):
+class TransformerClassifier(TransformerBody):
     """Token + learned position embeddings -> encoder blocks -> LayerNorm -> pool -> linear.
 
     Pooling ``"bos"`` reads the first real token of each row (``[BOS]`` for WordTokenizer
@@ -184,25 +177,17 @@ class TransformerClassifier(ConfigSizes, nn.Module):
         -> logits ``[batch, n_classes]``. Hook paths ``blocks.{i}.attn.hook_pattern``.
     """
 
+    config: TransformerClassifierConfig
+
     def __init__(self, config: TransformerClassifierConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_embed = nn.Embedding(config.max_len, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.ln_final = nn.LayerNorm(config.d_model)
+        super().__init__(config)  # embed, pos_embed, blocks, ln_final
         self.classifier = nn.Linear(config.d_model, config.n_classes)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Class logits ``[batch, n_classes]``; InputError on bad ids/mask or ``seq > max_len``."""
-        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size,
-                                  max_len=self.config.max_len)  # [batch, seq] bool
-        x = self.embed(input_ids) + self.pos_embed(positions_from_mask(real))
-        for block in self.blocks:
-            x = block(x, real)
-        x = self.ln_final(x)  # [batch, seq, d_model]
+        x, real = self.hidden(input_ids, attention_mask)  # [batch, seq, d_model], [batch, seq]
         if self.config.pooling == "bos":
             first = real.to(torch.int8).argmax(dim=1)  # [batch] first real position
             pooled = x[torch.arange(x.shape[0], device=x.device), first]
@@ -215,10 +200,8 @@ class TransformerClassifier(ConfigSizes, nn.Module):
 # ------------------------------------------------------------------ zoo
 def _build(name: str, seed: int, make) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = keytoken_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = make(len(tokenizer), tokenizer.model_max_length)
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer,
+                            lambda: make(len(tokenizer), tokenizer.model_max_length))
 
 
 @REFERENCE_MODELS.register("bilstm-classifier")

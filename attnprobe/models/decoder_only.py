@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from attnprobe.errors import InputError
-from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.inputs import ConfigSizes, check_sizes, check_token_positions
 from attnprobe.models.positional import PositionalAttention
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 
 @dataclass
@@ -39,10 +39,8 @@ class LlamaConfig:
     causal: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                     "max_len"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                    "max_len")
         if self.n_heads % self.n_kv_heads:
             raise InputError(f"n_heads={self.n_heads} must be divisible by "
                              f"n_kv_heads={self.n_kv_heads}")
@@ -113,9 +111,8 @@ class LlamaModel(ConfigSizes, nn.Module):
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` (finite but meaningless on padding rows)."""
-        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size,
-                                  max_len=self.config.max_len)  # [batch, seq]
-        positions = positions_from_mask(real)  # [batch, seq]
+        # real: bool [batch, seq]; positions: [batch, seq] among the real tokens
+        real, positions = check_token_positions(input_ids, attention_mask, self.config)
         x = self.embed(input_ids)  # [batch, seq, d_model]
         for block in self.blocks:
             x = block(x, positions, real)
@@ -124,12 +121,8 @@ class LlamaModel(ConfigSizes, nn.Module):
 
 def _build(name: str, seed: int, n_kv_heads: int) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        config = LlamaConfig(len(tokenizer), n_kv_heads=n_kv_heads,
-                             max_len=tokenizer.model_max_length)
-        model = LlamaModel(config)
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer, lambda: LlamaModel(LlamaConfig(
+        len(tokenizer), n_kv_heads=n_kv_heads, max_len=tokenizer.model_max_length)))
 
 
 @REFERENCE_MODELS.register("llama")

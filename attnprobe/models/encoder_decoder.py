@@ -23,10 +23,15 @@ from torch import nn
 
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
-from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.inputs import (
+    ConfigSizes,
+    check_encoder_decoder_inputs,
+    check_sizes,
+    positions_from_mask,
+)
 from attnprobe.models.positional import sinusoidal_table
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 
 @dataclass
@@ -47,9 +52,7 @@ class EncoderDecoderConfig:
     is_encoder_decoder: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len")
         if self.d_model % self.n_heads:
             raise InputError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
 
@@ -177,16 +180,11 @@ class EncoderDecoderModel(ConfigSizes, nn.Module):
             InputError: missing ``decoder_input_ids``, bad shapes or ids, batch sizes that
                 differ, too many tokens, or an example with no real token on either side.
         """
-        sizes = {"vocab_size": self.config.vocab_size, "max_len": self.config.max_len}
-        src_real = check_token_inputs(input_ids, attention_mask, **sizes)  # [batch, src]
-        if decoder_input_ids is None:
-            raise InputError("decoder_input_ids is required: pass the target prefix "
-                             "(e.g. the source itself, as attnprobe.extract does)")
-        tgt_real = check_token_inputs(decoder_input_ids, decoder_attention_mask,
-                                      name="decoder_input_ids", **sizes)  # [batch, tgt]
-        if decoder_input_ids.shape[0] != input_ids.shape[0]:
-            raise InputError(f"input_ids has batch {input_ids.shape[0]} but decoder_input_ids "
-                             f"has batch {decoder_input_ids.shape[0]}")
+        src_real, tgt_real = check_encoder_decoder_inputs(
+            input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+            vocab_size=self.config.vocab_size, max_len=self.config.max_len,
+            hint="pass the target prefix (e.g. the source itself, as attnprobe.extract does)",
+        )  # [batch, src], [batch, tgt]
         memory = self.encoder(self._embed(input_ids, src_real), src_real)  # [batch, src, d]
         y = self.decoder(self._embed(decoder_input_ids, tgt_real), memory, src_real, tgt_real)
         return self.unembed(y)  # [batch, tgt, vocab]
@@ -196,8 +194,5 @@ class EncoderDecoderModel(ConfigSizes, nn.Module):
 def encoder_decoder(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     """The original post-norm Transformer, tiny: 2 + 2 layers, 4 heads, sinusoidal positions."""
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        config = EncoderDecoderConfig(len(tokenizer), max_len=tokenizer.model_max_length)
-        model = EncoderDecoderModel(config)
-    return finish_reference(model, "encoder-decoder"), tokenizer
+    return seeded_reference("encoder-decoder", seed, tokenizer, lambda: EncoderDecoderModel(
+        EncoderDecoderConfig(len(tokenizer), max_len=tokenizer.model_max_length)))

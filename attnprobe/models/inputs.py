@@ -39,9 +39,69 @@ def check_token_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     return real
 
 
+def check_token_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          config: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`check_token_inputs` against ``config.vocab_size`` and ``config.max_len``; returns
+    the bool real-token mask and :func:`positions_from_mask` of it, both ``[batch, seq]``."""
+    real = check_token_inputs(input_ids, attention_mask,
+                              vocab_size=config.vocab_size,  # type: ignore[attr-defined]
+                              max_len=config.max_len)  # type: ignore[attr-defined]
+    return real, positions_from_mask(real)
+
+
+def check_encoder_decoder_inputs(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    decoder_input_ids: torch.Tensor | None,
+    decoder_attention_mask: torch.Tensor | None,
+    *,
+    vocab_size: int,
+    max_len: int | None = None,
+    hint: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`check_token_inputs` for a source and its target (one target per example).
+
+    ``hint`` ends the error for a missing ``decoder_input_ids``. Returns the bool real-token
+    masks ``(source [batch, src], target [batch, tgt])``.
+    """
+    if decoder_input_ids is None:
+        raise InputError(f"decoder_input_ids is required: {hint}")
+    sizes = {"vocab_size": vocab_size, "max_len": max_len}
+    src_real = check_token_inputs(input_ids, attention_mask, **sizes)  # [batch, src]
+    tgt_real = check_token_inputs(decoder_input_ids, decoder_attention_mask,
+                                  name="decoder_input_ids", **sizes)  # [batch, tgt]
+    if decoder_input_ids.shape[0] != input_ids.shape[0]:
+        raise InputError(f"input_ids has batch {input_ids.shape[0]} but decoder_input_ids has "
+                         f"batch {decoder_input_ids.shape[0]}: give one target per source "
+                         "(the numbers of examples differ)")
+    return src_real, tgt_real
+
+
+def check_key_padding_mask(key_padding_mask: torch.Tensor | None, batch: int, n_key: int,
+                           device: torch.device) -> torch.Tensor | None:
+    """Validate a ``[batch, key]`` key padding mask (nonzero = real token); return it as a
+    bool tensor on ``device``, or None when there is none."""
+    if key_padding_mask is None:
+        return None
+    if tuple(key_padding_mask.shape) != (batch, n_key):
+        raise InputError(
+            f"key_padding_mask must be [batch, key] = {(batch, n_key)}; "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+    return key_padding_mask.to(device) != 0  # [batch, key]
+
+
 def positions_from_mask(real: torch.Tensor) -> torch.Tensor:
     """``[batch, seq]`` position of each token among the real ones (0 on leading padding)."""
     return (real.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def check_sizes(config: object, *names: str) -> None:
+    """InputError unless every named field of ``config`` is at least 1 (a config's
+    ``__post_init__`` check of its sizes)."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise InputError(f"{name} must be >= 1; got {getattr(config, name)}")
 
 
 class ConfigSizes:

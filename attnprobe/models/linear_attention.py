@@ -28,9 +28,11 @@ from torch import nn
 
 from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
+from attnprobe.models.attention import MultiHeadAttention
+from attnprobe.models.inputs import check_key_padding_mask
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.transformer import MLP, TransformerConfig, TransformerModel
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.transformer import Block, TransformerConfig, TransformerModel
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -48,14 +50,8 @@ def _check(
             f"[batch, head, seq, dv]; got {tuple(query.shape)}, {tuple(key.shape)}, "
             f"{tuple(value.shape)}"
         )
-    if real is None:
-        return None
     batch, _, n, _ = query.shape
-    if tuple(real.shape) != (batch, n):
-        raise InputError(
-            f"key_padding_mask must be [batch, key] = {(batch, n)}; got {tuple(real.shape)}"
-        )
-    return real.to(query.device) != 0
+    return check_key_padding_mask(real, batch, n, query.device)  # [batch, seq] or None
 
 
 def linear_attention(
@@ -135,8 +131,11 @@ def _hooked(point: nn.Module) -> bool:
     return bool(point._forward_hooks or point._forward_pre_hooks)
 
 
-class LinearAttention(nn.Module):
+class LinearAttention(MultiHeadAttention):
     """Multi-head linear self-attention (ELU+1 feature map), bidirectional or causal.
+
+    The projections and hook points of :class:`MultiHeadAttention` (no grouped-query
+    variant); the softmax is replaced by the kernel.
 
     Args:
         d_model: model width; must be divisible by ``n_heads``.
@@ -159,73 +158,45 @@ class LinearAttention(nn.Module):
         bias: bool = True,
         explicit: bool = False,
     ) -> None:
-        super().__init__()
-        if n_heads < 1 or d_model % n_heads:
-            raise InputError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        super().__init__(d_model, n_heads, bias=bias)
         self.causal = causal
         self.explicit = explicit
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.hook_scores = HookPoint()  # [batch, head, query, key], kernel φ(q)·φ(k)
-        self.hook_pattern = HookPoint()  # [batch, head, query, key], normalised weights
+        # hook_scores: [batch, head, query, key], kernel φ(q)·φ(k); hook_pattern: the weights
 
     @property
     def materialises(self) -> bool:
         """Whether the next forward takes the explicit (quadratic) path."""
         return self.explicit or _hooked(self.hook_pattern) or _hooked(self.hook_scores)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        """``[batch, seq, d_model]`` -> ``[batch, head, seq, d_head]``."""
-        batch, seq, _ = x.shape
-        return x.view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
-
-    def forward(
-        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+    def forward(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
     ) -> torch.Tensor:
-        """x ``[batch, seq, d_model]``, key_padding_mask ``[batch, seq]`` (1 = real) -> like x."""
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise InputError(f"x must be [batch, seq, {self.d_model}]; got {tuple(x.shape)}")
-        batch, seq, _ = x.shape
-        q = self._split(self.q_proj(x))  # [batch, head, seq, d_head]
-        k = self._split(self.k_proj(x))  # [batch, head, seq, d_head]
-        v = self._split(self.v_proj(x))  # [batch, head, seq, d_head]
+        """x ``[batch, seq, d_model]``, key_padding_mask ``[batch, seq]`` (1 = real) -> like x.
+
+        ``causal=True`` makes this call causal also when the layer is not (as for the other
+        attention layers; a causal layer always is).
+        """
+        causal = self.causal or causal
+        q, k, v = self.project(x)  # [batch, head, seq, d_head] each
         if self.materialises:
             z = explicit_linear_attention(
-                q, k, v, key_padding_mask, self.hook_scores, self.hook_pattern,
-                causal=self.causal,
+                q, k, v, key_padding_mask, self.hook_scores, self.hook_pattern, causal=causal
             )
         else:
-            z = linear_attention(q, k, v, key_padding_mask, causal=self.causal)
-        z = z.transpose(1, 2).reshape(batch, seq, self.d_model)  # [batch, seq, d_model]
-        return self.out_proj(z)
-
-
-class LinearBlock(nn.Module):
-    """Pre-LayerNorm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``, linear attention."""
-
-    def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn = LinearAttention(
-            config.d_model, config.n_heads, causal=config.causal, bias=config.bias
-        )
-        self.ln2 = nn.LayerNorm(config.d_model)
-        self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias)
-
-    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x ``[batch, seq, d_model]``, padding_mask ``[batch, seq]`` (1 = real) -> like x."""
-        x = x + self.attn(self.ln1(x), key_padding_mask=padding_mask)
-        return x + self.mlp(self.ln2(x))
+            z = linear_attention(q, k, v, key_padding_mask, causal=causal)
+        return self.merge(z)  # [batch, seq, d_model]
 
 
 class LinearTransformer(TransformerModel):
     """:class:`TransformerModel` with linear attention in every block.
 
     Same inputs, outputs and hook paths (``blocks.{i}.attn.hook_pattern``); the stock blocks
-    ``TransformerModel`` builds are replaced.
+    ``TransformerModel`` builds are replaced by pre-LayerNorm blocks around
+    :class:`LinearAttention`.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -233,18 +204,18 @@ class LinearTransformer(TransformerModel):
             raise InputError("LinearTransformer has no grouped-query variant; "
                              f"got n_kv_heads={config.n_kv_heads}, n_heads={config.n_heads}")
         super().__init__(config)
-        self.blocks = nn.ModuleList(LinearBlock(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(
+            Block(config, LinearAttention(config.d_model, config.n_heads, causal=config.causal,
+                                          bias=config.bias))
+            for _ in range(config.n_layers)
+        )
 
 
 @REFERENCE_MODELS.register("linear")
 def linear(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     """A 2-layer, 4-head causal decoder with linear (ELU+1 kernel) attention."""
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        config = TransformerConfig(
-            vocab_size=len(tokenizer), max_len=tokenizer.model_max_length, n_layers=2,
-            n_heads=4, causal=True,
-        )
-        model = LinearTransformer(config)
-    return finish_reference(model, "linear"), tokenizer
+    return seeded_reference("linear", seed, tokenizer, lambda: LinearTransformer(TransformerConfig(
+        vocab_size=len(tokenizer), max_len=tokenizer.model_max_length, n_layers=2, n_heads=4,
+        causal=True,
+    )))

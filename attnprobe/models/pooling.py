@@ -24,25 +24,21 @@ from torch import nn
 
 from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
-from attnprobe.models.inputs import check_token_inputs
+from attnprobe.models.inputs import check_key_padding_mask, check_sizes, check_token_inputs
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 
 def real_keys(
     key_padding_mask: torch.Tensor | None, batch: int, n_key: int, device: torch.device
 ) -> torch.Tensor | None:
-    """Validate a ``[batch, key]`` 0/1 (or bool) mask, 1 = real; return it as bool or None."""
-    if key_padding_mask is None:
-        return None
-    if tuple(key_padding_mask.shape) != (batch, n_key):
-        raise InputError(
-            f"key_padding_mask must be [batch, key] = {(batch, n_key)}; "
-            f"got {tuple(key_padding_mask.shape)}"
-        )
-    if not bool(((key_padding_mask == 0) | (key_padding_mask == 1)).all()):
+    """Validate a ``[batch, key]`` 0/1 (or bool) mask, 1 = real; return it as bool or None.
+
+    Stricter than :func:`~attnprobe.models.inputs.check_key_padding_mask`: only 0 and 1."""
+    real = check_key_padding_mask(key_padding_mask, batch, n_key, device)  # [batch, key]
+    if real is not None and not bool(((key_padding_mask == 0) | (key_padding_mask == 1)).all()):
         raise InputError("key_padding_mask must contain only 0/1 (or bool); 1 = real token")
-    return key_padding_mask.to(device) != 0
+    return real
 
 
 def attend_single_query(
@@ -137,9 +133,7 @@ class PoolingConfig:
     causal: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_classes"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_model", "n_classes")
 
 
 class PoolingClassifier(nn.Module):
@@ -176,7 +170,5 @@ class PoolingClassifier(nn.Module):
 def pooling(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     """Seed 000's minimal attention: a learned query pools word embeddings for a classifier."""
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = PoolingClassifier(PoolingConfig(vocab_size=len(tokenizer)))
-    return finish_reference(model, "pooling"), tokenizer
+    return seeded_reference("pooling", seed, tokenizer,
+                            lambda: PoolingClassifier(PoolingConfig(vocab_size=len(tokenizer))))

@@ -23,13 +23,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention, scaled_dot_product
-from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.inputs import ConfigSizes, check_sizes, check_token_positions
 from attnprobe.models.tokenizer import WordTokenizer
 from attnprobe.models.transformer import MLP
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 Positional = Literal["sinusoidal", "rope", "alibi", "none"]
 
@@ -107,34 +106,12 @@ def alibi_bias(slopes: torch.Tensor, n_query: int, n_key: int) -> torch.Tensor:
     return -slopes[:, None, None] * distance  # [head, query, key]
 
 
-def biased_scaled_dot_product(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
-    mask: torch.Tensor | None,
-    hook_scores: HookPoint,
-    hook_pattern: HookPoint,
-) -> torch.Tensor:
-    """``softmax(mask(q @ kᵀ / sqrt(d) + bias)) @ v``; ``hook_scores`` sees the biased scores.
-
-    ``bias`` and ``mask`` broadcast to ``[batch, head, query, key]``; every row of ``mask``
-    must keep a key (``MultiHeadAttention.build_mask`` guarantees it for self-attention).
-    """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias  # [batch, head, q, k]
-    scores = hook_scores(scores)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    pattern = hook_pattern(torch.softmax(scores, dim=-1))  # [batch, head, query, key]
-    return pattern @ v  # [batch, head, query, dv]
-
-
 class PositionalAttention(MultiHeadAttention):
     """Multi-head (or grouped-query) self-attention with optional RoPE on q/k and ALiBi bias.
 
     Same projections and hook points as :class:`MultiHeadAttention`; ``rope`` rotates q and k
     (:func:`apply_rope`) before ``scaled_dot_product``; ``alibi`` adds :func:`alibi_bias` to the
-    scores before ``hook_scores``.
+    scores before ``hook_scores`` (its ``bias`` argument).
 
     Shapes:
         x ``[batch, seq, d_model]``, positions ``[batch, seq]`` -> ``[batch, seq, d_model]``.
@@ -159,28 +136,23 @@ class PositionalAttention(MultiHeadAttention):
     ) -> torch.Tensor:
         """x ``[batch, seq, d_model]``; positions default ``0..seq-1``; key_padding_mask
         ``[batch, seq]`` 1 = real. Returns ``[batch, seq, d_model]``."""
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise InputError(f"x must be [batch, seq, {self.d_model}]; got {tuple(x.shape)}")
-        batch, seq, _ = x.shape
-        q = self._split(self.q_proj(x), self.n_heads)  # [batch, head, seq, d_head]
-        k = self._split(self.k_proj(x), self.n_kv_heads)  # [batch, kv_head, seq, d_head]
-        v = self._split(self.v_proj(x), self.n_kv_heads)  # [batch, kv_head, seq, d_head]
+        # q [batch, head, seq, d_head]; k, v [batch, kv_head, seq, d_head]
+        q, k, v = self.project(x)
+        batch, _, seq, _ = q.shape
         if self.rope:
             pos = torch.arange(seq, device=x.device) if positions is None else positions
             q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        # GQA as in expand_kv, but always a copy (also for group 1): contiguous k and v keep
+        # the gradients bit-identical to the earlier versions of these models
         group = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(group, dim=1)  # [batch, head, seq, d_head]
         v = v.repeat_interleave(group, dim=1)  # [batch, head, seq, d_head]
         mask = self.build_mask(None, key_padding_mask, (batch, seq, seq), causal=causal,
                                self_attention=True, device=x.device)
-        if self.slopes is None:
-            z = scaled_dot_product(q, k, v, mask, self.hook_scores, self.hook_pattern)
-        else:
-            bias = alibi_bias(self.slopes, seq, seq)  # [head, query, key]
-            z = biased_scaled_dot_product(q, k, v, bias, mask, self.hook_scores,
-                                          self.hook_pattern)  # [batch, head, seq, d_head]
-        z = z.transpose(1, 2).reshape(batch, seq, self.n_heads * self.d_head)
-        return self.out_proj(z)  # [batch, seq, d_model]
+        bias = None if self.slopes is None else alibi_bias(self.slopes, seq, seq)  # [h, q, k]
+        z = scaled_dot_product(q, k, v, mask, self.hook_scores, self.hook_pattern,
+                               bias=bias)  # [batch, head, seq, d_head]
+        return self.merge(z)  # [batch, seq, d_model]
 
 
 @dataclass
@@ -201,9 +173,7 @@ class PositionalConfig:
         if self.positional not in ("sinusoidal", "rope", "alibi", "none"):
             raise InputError("positional must be 'sinusoidal', 'rope', 'alibi' or 'none'; "
                              f"got {self.positional!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len")
 
 
 class PositionalBlock(nn.Module):
@@ -229,8 +199,8 @@ class PositionalBlock(nn.Module):
 class PositionalModel(ConfigSizes, nn.Module):
     """Token embeddings (+ the sinusoidal table if chosen), blocks, final LayerNorm, unembedding.
 
-    Positions count real tokens only (:func:`positions_from_mask`), so left and right padding
-    give the same results on real tokens.
+    Positions count real tokens only (:func:`~attnprobe.models.inputs.positions_from_mask`),
+    so left and right padding give the same results on real tokens.
 
     Shapes:
         input_ids / attention_mask ``[batch, seq]`` -> logits ``[batch, seq, vocab]``.
@@ -250,9 +220,8 @@ class PositionalModel(ConfigSizes, nn.Module):
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[batch, seq, vocab]`` (finite but meaningless on padding rows)."""
-        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size,
-                                  max_len=self.config.max_len)  # [batch, seq]
-        positions = positions_from_mask(real)  # [batch, seq]
+        # real: bool [batch, seq]; positions: [batch, seq] among the real tokens
+        real, positions = check_token_positions(input_ids, attention_mask, self.config)
         x = self.embed(input_ids)  # [batch, seq, d_model]
         if self.pos_table is not None:
             x = x + self.pos_table[positions]
@@ -264,11 +233,8 @@ class PositionalModel(ConfigSizes, nn.Module):
 def _build(name: str, seed: int, positional: Positional,
            causal: bool = False) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = PositionalModel(PositionalConfig(len(tokenizer), positional, causal=causal,
-                                                 max_len=tokenizer.model_max_length))
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer, lambda: PositionalModel(PositionalConfig(
+        len(tokenizer), positional, causal=causal, max_len=tokenizer.model_max_length)))
 
 
 @REFERENCE_MODELS.register("sinusoidal")

@@ -28,21 +28,55 @@ source, ``2D + 1 > S``, is an InputError because it would be global attention):
 The paper leaves local-p's weights unnormalised after that product; here the Gaussian enters
 as the log-bias ``−(s − p_t)² / (2σ²)`` before the softmax, which gives exactly the paper's
 weights divided by their sum, so every row sums to 1 like every attnprobe pattern.
+
+The RNN encoders that produce the keys (``seq2seq.py``, ``classifier.py``) read only the real
+tokens of each row, wherever the padding is: :func:`real_first` and :func:`run_packed`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnprobe.core.hook_point import HookPoint
 from attnprobe.errors import InputError
+from attnprobe.models.inputs import positions_from_mask
 from attnprobe.models.pooling import attend_single_query, real_keys
 
 LuongVariant = Literal["dot", "general", "concat"]
 LocalMode = Literal["monotonic", "predictive"]
+
+
+# ------------------------------------------------------------------ RNN encoders
+def real_first(real: torch.Tensor) -> torch.Tensor:
+    """``[batch, seq]`` indices that move each row's real tokens (``real`` bool) to the front,
+    in their order: a stable sort of the padding flags."""
+    return torch.argsort((~real).to(torch.uint8), dim=1, stable=True)
+
+
+def run_packed(
+    rnn: nn.RNNBase, front: torch.Tensor, real: torch.Tensor, order: torch.Tensor
+) -> tuple[torch.Tensor, Any]:
+    """Run ``rnn`` over the real tokens of each row only, packed.
+
+    Args:
+        front: ``[batch, seq, d]`` inputs gathered with ``order`` (real tokens first).
+        real: ``[batch, seq]`` bool, True = real token.
+        order: :func:`real_first` of ``real``.
+
+    Returns:
+        ``(states [batch, seq, d_out], final)``: each state back at its token's position
+        (zeros at padding), and the RNN's final state (after each row's last real token).
+    """
+    packed = pack_padded_sequence(front, real.sum(dim=1).cpu(), batch_first=True,
+                                  enforce_sorted=False)
+    out, final = rnn(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=front.shape[1])
+    states = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
+    return states, final
 
 
 # ------------------------------------------------------------------ score functions
@@ -230,7 +264,7 @@ class LocalAttention(_SingleQueryAttention):
                 f"source ({int(length.min())} real tokens); use a smaller window"
             )
         # real-token position of every key (padding anywhere is skipped): [batch, src]
-        position = (real.long().cumsum(dim=1) - 1).to(query.dtype)
+        position = positions_from_mask(real).to(query.dtype)
         p = self.center(query, length, step)  # [batch]
         distance = position - p[:, None]  # [batch, src]
         allowed = real & (distance.abs() <= self.window)  # [batch, src]

@@ -33,13 +33,23 @@ from typing import Literal, get_args
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnprobe.errors import InputError
-from attnprobe.models.inputs import check_token_inputs
-from attnprobe.models.rnn_attention import BahdanauAttention, LocalAttention, LuongAttention
+from attnprobe.models.inputs import (
+    check_encoder_decoder_inputs,
+    check_sizes,
+    check_token_inputs,
+    positions_from_mask,
+)
+from attnprobe.models.rnn_attention import (
+    BahdanauAttention,
+    LocalAttention,
+    LuongAttention,
+    real_first,
+    run_packed,
+)
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 AttentionKind = Literal[
     "none", "bahdanau", "luong-dot", "luong-general", "luong-concat",
@@ -71,9 +81,7 @@ class Seq2SeqConfig:
     def __post_init__(self) -> None:
         if self.attention not in _KINDS:
             raise InputError(f"attention must be one of {list(_KINDS)}; got {self.attention!r}")
-        for name in ("vocab_size", "d_embed", "d_hidden"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_embed", "d_hidden")
         self.n_layers = self.n_heads = 0 if self.attention == "none" else 1
 
 
@@ -90,15 +98,9 @@ class Encoder(nn.Module):
         self.gru = nn.GRU(config.d_embed, config.d_hidden, batch_first=True)
 
     def forward(self, ids: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        src = ids.shape[1]
-        # move each row's real tokens to the front (stable), run packed, then put them back
-        order = torch.argsort((~real).to(torch.uint8), dim=1, stable=True)  # [batch, src]
+        order = real_first(real)  # [batch, src]: each row's real tokens first
         x = self.embed(ids.gather(1, order))  # [batch, src, embed]
-        lengths = real.sum(dim=1).cpu()
-        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, final = self.gru(packed)  # final: [1, batch, hidden]
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=src)
-        states = torch.zeros_like(out).scatter(1, order[..., None].expand_as(out), out)
+        states, final = run_packed(self.gru, x, real, order)  # final: [1, batch, hidden]
         return states, final[0]  # [batch, src, hidden], [batch, hidden]
 
 
@@ -204,16 +206,13 @@ class Seq2Seq(nn.Module):
             InputError: missing ``decoder_input_ids``, bad shapes, ids out of range, an
                 example without real tokens, or (local attention) a source shorter than 2D+1.
         """
-        if decoder_input_ids is None:
-            raise InputError("decoder_input_ids is required (teacher forcing); use generate() "
-                             "to decode from the source alone")
-        memory = self.encode(input_ids, attention_mask)
-        dec_real = check_token_inputs(decoder_input_ids, decoder_attention_mask,
-                                      vocab_size=self.config.vocab_size, name="decoder_input_ids")
-        if decoder_input_ids.shape[0] != input_ids.shape[0]:
-            raise InputError(f"input_ids has {input_ids.shape[0]} examples but "
-                             f"decoder_input_ids has {decoder_input_ids.shape[0]}")
-        step = (dec_real.long().cumsum(dim=1) - 1).clamp(min=0)  # [batch, tgt] real-step index
+        src_real, dec_real = check_encoder_decoder_inputs(
+            input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+            vocab_size=self.config.vocab_size,
+            hint="the teacher-forced target (use generate() to decode from the source alone)",
+        )  # [batch, src], [batch, tgt]
+        memory = (*self.encoder(input_ids, src_real), src_real)  # states, final, real
+        step = positions_from_mask(dec_real)  # [batch, tgt] real-step index
         state = (memory[1], torch.zeros_like(memory[1]))
         logits = []
         for t in range(decoder_input_ids.shape[1]):
@@ -263,10 +262,8 @@ class Seq2Seq(nn.Module):
 def _build(name: str, seed: int, attention: AttentionKind,
            **config: int) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Seq2Seq(Seq2SeqConfig(vocab_size=len(tokenizer), attention=attention, **config))
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer, lambda: Seq2Seq(Seq2SeqConfig(
+        vocab_size=len(tokenizer), attention=attention, **config)))
 
 
 @REFERENCE_MODELS.register("rnn-seq2seq")

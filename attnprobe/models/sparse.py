@@ -33,9 +33,10 @@ from torch import nn
 
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
+from attnprobe.models.inputs import check_key_padding_mask, positions_from_mask
 from attnprobe.models.tokenizer import WordTokenizer
-from attnprobe.models.transformer import MLP, TransformerConfig, TransformerModel
-from attnprobe.models.zoo import REFERENCE_MODELS, finish_reference
+from attnprobe.models.transformer import Block, TransformerConfig, TransformerModel
+from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 
 def _check_sizes(**sizes: int) -> None:
@@ -136,7 +137,8 @@ class PatternAttention(MultiHeadAttention):
     """Multi-head self-attention restricted to a fixed ``[query, key]`` pattern.
 
     Subclasses define :meth:`pattern`. The pattern is applied to real-token positions, so
-    padding does not shift it; padding keys are masked as in ``MultiHeadAttention``.
+    padding does not shift it; padding keys are masked as in ``MultiHeadAttention``, whose
+    ``forward`` this is, with the pattern added to its mask (:meth:`build_mask`).
 
     Shapes:
         x ``[batch, seq, d_model]`` -> ``[batch, seq, d_model]``; hooks see
@@ -147,49 +149,35 @@ class PatternAttention(MultiHeadAttention):
         """Bool ``[query, key]`` mask for ``n`` real tokens (True = may attend)."""
         raise NotImplementedError
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        *,
-        attn_mask: torch.Tensor | None = None,
-        causal: bool = False,
+    def build_mask(  # type: ignore[override]
+        self, attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
+        sizes: tuple[int, int, int], **flags: Any,
     ) -> torch.Tensor:
-        """Like ``MultiHeadAttention.forward`` (self-attention only), within the pattern."""
-        if context is not None:
+        """``MultiHeadAttention.build_mask`` (same arguments) with the pattern over real-token
+        positions ANDed into ``attn_mask``; InputError for cross-attention."""
+        if not flags["self_attention"]:
             raise InputError(f"{type(self).__name__} is self-attention only; got a context")
-        if x.ndim != 3:
-            raise InputError(f"x must be [batch, seq, {self.d_model}]; got {tuple(x.shape)}")
-        allowed = self._positioned(x.shape[0], x.shape[1], key_padding_mask, x.device)
+        batch, n, _ = sizes  # (batch, query, key), query = key
+        allowed = self._positioned(batch, n, key_padding_mask, flags["device"])
         if attn_mask is not None:
             allowed = allowed & attn_mask
-        return super().forward(
-            x, None, key_padding_mask, attn_mask=allowed, causal=causal
-        )  # [batch, seq, d_model]
+        return super().build_mask(allowed, key_padding_mask, sizes, **flags)
 
     def _positioned(
         self, batch: int, n: int, key_padding_mask: torch.Tensor | None, device: torch.device
     ) -> torch.Tensor:
         """The pattern over real-token positions: ``[query, key]`` or ``[batch, 1, q, k]``."""
-        if key_padding_mask is None:
+        real = check_key_padding_mask(key_padding_mask, batch, n, device)  # [batch, seq]
+        if real is None or bool(real.all()):
             return self.pattern(n, device)  # [query, key]
-        if tuple(key_padding_mask.shape) != (batch, n):
-            raise InputError(
-                f"key_padding_mask must be [batch, key] = {(batch, n)}; "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
-        real = key_padding_mask.to(device) != 0  # [batch, seq]
-        if bool(real.all()):
-            return self.pattern(n, device)
         # Each example gets the pattern of its own real length (BigBird's random blocks depend
         # on it), laid over its real-token positions, so batch-mates never change it.
         lengths = real.sum(dim=1)  # [batch]
-        pos = real.long().cumsum(dim=1) - 1  # [batch, seq]
+        pos = positions_from_mask(real)  # [batch, seq]
         out = torch.zeros(batch, n, n, dtype=torch.bool, device=device)
         for length in lengths.unique().tolist():
             rows = lengths == length
-            p = pos[rows].clamp(0, max(length, 1) - 1)  # [rows, seq]
+            p = pos[rows].clamp(max=max(length, 1) - 1)  # [rows, seq]
             table = self.pattern(max(length, 1), device)  # [real query, real key]
             out[rows] = table[p[:, :, None], p[:, None, :]]
         return out[:, None]  # [batch, 1, query, key]
@@ -280,54 +268,41 @@ class SparseConfig(TransformerConfig):
             raise InputError("the BigBird pattern is bidirectional; set causal=False")
 
 
-class SparseBlock(nn.Module):
-    """Pre-LayerNorm block around a :class:`PatternAttention`: attention then MLP."""
-
-    def __init__(self, config: SparseConfig, layer: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn: PatternAttention
-        if config.pattern == "sliding":
-            self.attn = SlidingWindowAttention(
-                config.d_model, config.n_heads, config.window, causal=config.causal,
-                bias=config.bias,
-            )
-        else:
-            self.attn = BigBirdAttention(
-                config.d_model, config.n_heads, block=config.block, n_random=config.n_random,
-                window_blocks=config.window_blocks, n_global_blocks=config.n_global_blocks,
-                seed=config.mask_seed + layer, bias=config.bias,
-            )
-        self.ln2 = nn.LayerNorm(config.d_model)
-        self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias)
-
-    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x ``[batch, seq, d_model]``, padding_mask ``[batch, seq]`` (1 = real) -> like x."""
-        x = x + self.attn(self.ln1(x), key_padding_mask=padding_mask)
-        return x + self.mlp(self.ln2(x))
+def pattern_attention(config: SparseConfig, layer: int) -> PatternAttention:
+    """The attention layer ``layer`` of a :class:`SparseTransformer` with ``config``."""
+    if config.pattern == "sliding":
+        return SlidingWindowAttention(
+            config.d_model, config.n_heads, config.window, causal=config.causal,
+            bias=config.bias,
+        )
+    return BigBirdAttention(
+        config.d_model, config.n_heads, block=config.block, n_random=config.n_random,
+        window_blocks=config.window_blocks, n_global_blocks=config.n_global_blocks,
+        seed=config.mask_seed + layer, bias=config.bias,
+    )
 
 
 class SparseTransformer(TransformerModel):
     """:class:`TransformerModel` whose blocks use sliding-window or BigBird attention.
 
     Same inputs, outputs and hook paths (``blocks.{i}.attn.hook_pattern``); only the blocks
-    differ (the stock blocks ``TransformerModel`` builds are replaced).
+    differ (the stock blocks ``TransformerModel`` builds are replaced by pre-LayerNorm blocks
+    around :func:`pattern_attention`).
     """
 
     def __init__(self, config: SparseConfig) -> None:
         super().__init__(config)
-        self.blocks = nn.ModuleList(SparseBlock(config, i) for i in range(config.n_layers))
+        self.blocks = nn.ModuleList(
+            Block(config, pattern_attention(config, i)) for i in range(config.n_layers)
+        )
 
 
 def _build(name: str, seed: int, **config: Any) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = SparseTransformer(SparseConfig(
-            vocab_size=len(tokenizer), max_len=tokenizer.model_max_length, n_layers=2,
-            n_heads=4, mask_seed=seed, **config,
-        ))
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer, lambda: SparseTransformer(SparseConfig(
+        vocab_size=len(tokenizer), max_len=tokenizer.model_max_length, n_layers=2,
+        n_heads=4, mask_seed=seed, **config,
+    )))
 
 
 @REFERENCE_MODELS.register("sliding-window")

