@@ -43,14 +43,15 @@ class Capture:
         maps: one :class:`AttentionMap` per example (and per attention stack), padding
             stripped; empty when ``keep=False``. Assembled on first access, so a caller who
             only needs ``tally`` never pays for cutting per-example maps.
-        tally: mergeable sums of the streaming reducers.
+        tally: mergeable sums of the streaming reducers, per head of the scope.
         sites: the attention sites that were captured.
-        edits: per edited site, the largest change the edit made to the pattern.
-        live: with ``live=True``, per forward call, each site's weights
-            ``[batch, head, query, key]`` as computed (in the autograd graph, padding
-            included); after ``backward()`` their ``.grad`` is ∂output/∂attention.
-        values: with ``values=True``, per forward call, each site's value vectors
-            ``[batch, head, key, d_head]`` (transformers models).
+        edits: per edited site (``stack, kind, layer, path``), the largest change the edit
+            made (``max_abs_change``), measured against the weights before the edit.
+        live: with ``live=True``, per forward call, each scoped site's weights
+            ``[batch, head, query, key]`` (every head) as computed (in the autograd graph,
+            padding included); after ``backward()`` their ``.grad`` is ∂output/∂attention.
+        values: with ``values=True``, per forward call, each scoped site's value vectors
+            ``[batch, head, key, d_head]`` (every head; transformers models).
     """
 
     tally: Tally = field(default_factory=Tally)
@@ -64,6 +65,7 @@ class Capture:
 
     @property
     def maps(self) -> list[AttentionMap]:
+        """The kept weights as one map per example (built, and validated, on first read)."""
         if self._maps is None:
             self._maps = self._assemble() if self._assemble is not None else []
             self._assemble = None
@@ -90,9 +92,11 @@ def _tensor_arg(args: tuple, kwargs: dict, name: str, position: int | None) -> A
 
 
 def _record_inputs(recorder: Recorder) -> Callable[..., None]:
-    """Root pre-hook: note token ids and padding of every forward call."""
+    """Root pre-hook: note token ids and padding of every forward call of this thread."""
 
     def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not recorder.is_open:  # another thread's forward: not this capture's
+            return
         ids = _tensor_arg(args, kwargs, "input_ids", 0)
         mask = _tensor_arg(args, kwargs, "attention_mask", 1)
         # with a KV cache the mask also covers the cached tokens, so it may be longer than ids
@@ -121,17 +125,19 @@ def _causal(model: nn.Module, sites: Sequence[Site]) -> bool | None:
     return any(flags) if flags else None
 
 
-def _parts_from_flags(*, keep: bool, reducers: Sequence[Reducer] | None,
+def _parts_from_flags(*, keep: bool | None, reducers: Sequence[Reducer] | None,
                       query_block: int | None, edit: EditFn | None,
                       edit_output: EditFn | None, live: bool, values: bool,
                       scores: bool) -> list[Part]:
-    """The parts the keyword flags of :func:`capture` ask for (edits first)."""
+    """The parts the keyword flags of :func:`capture` ask for (``keep`` defaults to True)."""
+    if query_block is not None and not reducers:
+        raise InputError("query_block applies to streaming reducers; pass reducers=[...] too")
     parts: list[Part] = []
     if edit is not None:
         parts.append(Edit(edit))
     if edit_output is not None:
         parts.append(EditOutput(edit_output))
-    if keep:
+    if keep is None or keep:
         parts.append(Keep())
     if reducers:
         parts.append(Reduce(reducers, query_block))
@@ -142,6 +148,49 @@ def _parts_from_flags(*, keep: bool, reducers: Sequence[Reducer] | None,
     if scores:
         parts.append(Scores())
     return parts
+
+
+_FLAG_DEFAULTS = dict(keep=None, reducers=None, query_block=None, edit=None, edit_output=None,
+                      live=False, values=False, scores=False)
+
+
+def _chosen_parts(parts: Sequence[Part] | None, flags: dict[str, Any], seam: str) -> list[Part]:
+    """The capture's parts, checked before any forward: parts or flags (not both), each a
+    part the seam serves, each given once, each next to the parts it needs."""
+    if parts is None:
+        chosen = _parts_from_flags(**flags)
+    else:
+        given = [name for name, value in flags.items() if value is not _FLAG_DEFAULTS[name]]
+        if given:
+            raise InputError(f"give parts=[...] or the keyword flags ({', '.join(given)}), "
+                             "not both")
+        if isinstance(parts, Part) or not isinstance(parts, Sequence):
+            raise InputError("parts must be a list of capture parts, e.g. [Keep()]")
+        chosen = list(parts)
+    for part in chosen:
+        if not isinstance(part, Part):
+            raise InputError(f"parts must be capture parts (Keep, Reduce, Edit, ...); got "
+                             f"{type(part).__name__}")
+        part.check_seam(seam)
+    names = [part.name for part in chosen]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InputError(f"each part at most once; {', '.join(twice)} given twice (compose "
+                         "edit functions, or give one Reduce all the reducers)")
+    for part in chosen:
+        missing = [name for name in part.needs if name not in names]
+        if missing:
+            raise InputError(f"{part.name} needs the {', '.join(missing)} part too")
+    return chosen
+
+
+def _weights_dtype(recorder: Recorder) -> str | None:
+    """The least precise dtype the weights were computed in (autocast may differ from the
+    parameters'); it sets how far a row may be off 1."""
+    floats = [d for d in recorder.dtypes if d.is_floating_point]
+    if not floats:
+        return None
+    return str(max(floats, key=lambda d: torch.finfo(d).eps)).removeprefix("torch.")
 
 
 def _scope_of(scope: ScopeLike, layers: Sequence[int] | int | None,
@@ -164,7 +213,7 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
             layers: Sequence[int] | int | None = None,
             heads: Sequence[int] | int | None = None, paths: Sequence[str] | None = None,
             tokenizer: Any = None, example_ids: Sequence[str] | None = None,
-            stop_early: bool = False, keep: bool = True,
+            stop_early: bool = False, keep: bool | None = None,
             reducers: Sequence[Reducer] | None = None, query_block: int | None = None,
             edit: EditFn | None = None, edit_output: EditFn | None = None, live: bool = False,
             values: bool = False, scores: bool = False) -> Iterator[Capture]:
@@ -181,7 +230,7 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
             ...; default every head). Layers out of scope run their original (fast)
             attention. ``layers=`` / ``heads=`` give a layers × heads scope instead.
         parts: the parts to run (e.g. ``[Keep(), Reduce(reducers)]``); exclusive with the
-            flags below.
+            flags below. Each part at most once.
         paths: module paths whose outputs are ``[batch, head, query, key]`` patterns
             (e.g. ``blocks.0.attn.hook_pattern`` of a TransformerLens model).
         tokenizer: turns ids into token strings (``convert_ids_to_tokens``).
@@ -190,12 +239,15 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
             (e.g. skip the last layer's feed-forward): for analyses of attention only. The
             forward call then returns no output — the statement after it inside the ``with``
             block does not run — and the context exits normally.
-        keep: :class:`~attnprobe.capture.parts.Keep` — keep the maps (``cap.maps``).
+        keep: :class:`~attnprobe.capture.parts.Keep` — keep the maps (``cap.maps``);
+            default True unless ``parts`` are given.
         reducers / query_block: :class:`~attnprobe.capture.parts.Reduce` — streaming
             statistics (``cap.tally``); with ``keep=False`` on blocks of query rows, so memory
             stays flat for long inputs.
         edit: :class:`~attnprobe.capture.parts.Edit` — ``edit(layer, pattern) -> pattern``
-            between the softmax and the values; the context checks it changed something.
+            between the softmax and the values, on a copy (editing it in place and returning
+            it works); only the scope's heads take the result, and the context checks it
+            changed something.
         edit_output: :class:`~attnprobe.capture.parts.EditOutput` — ``edit_output(layer,
             output) -> output`` on per-head outputs ``[batch, head, query, d_head]``.
         live: :class:`~attnprobe.capture.parts.Live` — weights in the autograd graph
@@ -208,34 +260,28 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         A :class:`Capture`, filled when the context exits without error.
 
     Raises:
-        InputError: before any forward, for a scope out of range or a part the model's
-            seam cannot serve (e.g. ``values=True`` on a reference model).
+        InputError: before any forward, for a scope out of range, a part the model's seam
+            cannot serve (e.g. ``values=True`` on a reference model), a part given twice, or
+            ``parts=`` together with the flags.
 
-    Concurrent captures of one model (threads) each see only their own forwards; the model's
-    attention implementation is restored when the last of them exits.
+    A capture takes only the forwards run in the thread that opened it, so captures of one
+    model in several threads (overlapping in any order) each see their own; the model's
+    attention implementation is restored when the last of them exits, also on an error or
+    Ctrl-C.
 
     Example:
         >>> with ap.capture(model, "heads:2.0,2.8") as cap:
         ...     model(**batch)
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
-    flags = _parts_from_flags(keep=keep, reducers=reducers, query_block=query_block, edit=edit,
-                              edit_output=edit_output, live=live, values=values, scores=scores)
-    if parts is not None:
-        if [type(p) for p in flags] != [Keep]:
-            raise InputError("give parts=[...] or the keyword flags (keep, reducers, edit, ...), "
-                             "not both")
-        flags = list(parts)
+    flags = dict(keep=keep, reducers=reducers, query_block=query_block, edit=edit,
+                 edit_output=edit_output, live=live, values=values, scores=scores)
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type == "meta":
+        raise InputError("the model's weights are on the 'meta' device (not loaded); load or "
+                         "materialise them before capturing")
     seam = _seam(model, paths)
-    for part in flags:
-        if not isinstance(part, Part):
-            raise InputError(f"parts must be capture parts (Keep, Reduce, Edit, ...); got "
-                             f"{type(part).__name__}")
-        part.check_seam(seam)
-    if sum(isinstance(p, Edit) for p in flags) > 1 or \
-            sum(isinstance(p, EditOutput) for p in flags) > 1:
-        raise InputError("one Edit and one EditOutput per capture; compose the functions")
-    recorder = Recorder(_scope_of(scope, layers, heads), flags)
+    recorder = Recorder(_scope_of(scope, layers, heads), _chosen_parts(parts, flags, seam))
     result = Capture()
     with ExitStack() as stack:
         if seam == "hf":
@@ -247,7 +293,8 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
         stack.callback(handle.remove)
         if stop_early and sites:
-            recorder.stop_after = sites[-1]  # sites come in the order the forward runs them
+            recorder.stop_at = frozenset(sites)
+        stack.enter_context(recorder.opened())
         try:
             yield result
         except StopForward:
@@ -256,7 +303,8 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
     recorder.finish(sites)
     tokens_of = getattr(tokenizer, "convert_ids_to_tokens", None)
     info = model_info(model, implementation=implementation, n_layers=recorder.n_layers,
-                      n_heads=recorder.n_heads, causal=_causal(model, sites))
+                      n_heads=recorder.n_heads, causal=_causal(model, sites),
+                      dtype=_weights_dtype(recorder))
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
     result._assemble = partial(build_maps, recorder.calls, recorder.kept_heads,
                                set(recorder.edit_changes), info, to_tokens, example_ids)

@@ -12,8 +12,10 @@ silently drops the causal mask for unknown implementation names). The function:
   ``[query, key]`` matrix of a long input never exists whole;
 - applies the caller's edit between the softmax and the values.
 
-Per-call state lives in a ContextVar, never on the model; the previous implementation is always
-restored on exit.
+Per-capture state lives in the recorders open in the calling thread (a ContextVar), never on
+the model. The implementation switch is reference-counted per model and the registration per
+name, so overlapping captures (nested, or in several threads, in any order) restore the model
+and remove the registration when the last of them exits — also on an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnprobe.capture.recorder import Recorder
+from attnprobe.capture.recorder import Recorder, open_recorders
 from attnprobe.capture.sites import Site, attention_modules, layer_counts, site_for_path
 from attnprobe.core.optional import require
 from attnprobe.errors import AttentionUnavailableError, InputError
@@ -39,11 +40,10 @@ DELEGATES = ("sdpa", "eager")  # original backends we can hand unrequested layer
 BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever the input length
 
 
-class _Session:
-    """One active capture on one model: which module is which site, and the recorder."""
+class _Sites:
+    """Which module of one captured model is which attention site (by module identity)."""
 
-    def __init__(self, model: nn.Module, recorder: Recorder, sites: list[Site]) -> None:
-        self.recorder = recorder
+    def __init__(self, model: nn.Module, sites: list[Site]) -> None:
         self.sites = {id(model.get_submodule(site.path)): site for site in sites}
         self.paths = {id(mod): path for path, mod in model.named_modules()}
         self.encdec = bool(getattr(model.config, "is_encoder_decoder", False))
@@ -54,9 +54,6 @@ class _Session:
             site = site_for_path(self.paths[id(module)], module, encoder_decoder=self.encdec)
             self.sites[id(module)] = site
         return site
-
-
-_ACTIVE: ContextVar[tuple[_Session, ...]] = ContextVar("attnprobe_sessions", default=())
 
 
 def _eager_of(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -146,8 +143,14 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     q_valid = recorder.query_valid(site, batch, q_len)
     position_bias = kwargs.pop("position_bias", None)
 
+    # the additive mask in the dtype eager's mask function would use (the model's, also under
+    # autocast, where the query is lower precision): the same weights as eager, bit for bit
+    param = next(module.parameters(), None)
+    mask_dtype = param.dtype if param is not None and param.is_floating_point() else query.dtype
+
     def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, query.dtype, query.device)
+        mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, mask_dtype,
+                              query.device)
         n_rows = len(range(q_len)[rows])
         visible = _visible_keys(mask, q_valid[:, rows], n_rows, k_len, site)
         extra = dict(kwargs)
@@ -158,8 +161,7 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
         return output, weights, visible
 
     for taker, taker_site in takers:
-        if taker.values:
-            taker.consume_values(taker_site, value, query.shape[1])
+        taker.consume_values(taker_site, value, query.shape[1])
     whole = any(r.needs_whole for r, _ in takers) or dropout > 0
     auto = max(1, BLOCK_BYTES // (batch * query.shape[1] * k_len * query.element_size()))
     block = min(r.query_block or auto for r, _ in takers)
@@ -175,6 +177,10 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
             dropped = nn.functional.dropout(weights, p=dropout, training=True) if dropout \
                 else weights
             output = _weights_times_values(dropped, value)
+            if edited and not torch.isfinite(output).all():  # e.g. weights × values > 65504
+                raise InputError(f"the edited weights at {site.path} overflow the model's "
+                                 f"{str(output.dtype).removeprefix('torch.')} when applied to "
+                                 "the values")
         for taker, taker_site in takers:
             if taker.edit_output is not None:  # [batch, q, head, d] -> per head [b, h, q, d]
                 heads_first = output.transpose(1, 2)
@@ -195,10 +201,10 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
                         delegate: str, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The registered attention function (``query`` ``[batch, head, q, d]``)."""
     takers = []
-    for session in reversed(_ACTIVE.get()):
-        site = session.site_of(module)
-        if site is not None and session.recorder.needs_weights and session.recorder.wants(site):
-            takers.append((session.recorder, site))
+    for recorder in reversed(open_recorders()):  # innermost capture first
+        site = recorder.site_of(module) if recorder.site_of is not None else None
+        if site is not None and recorder.needs_weights and recorder.wants(site):
+            takers.append((recorder, site))
     if takers:
         return _attend(takers, delegate, module, query, key, value, attention_mask, **kwargs)
     return _backend(delegate, module)(module, query, key, value, attention_mask, **kwargs)
@@ -242,16 +248,17 @@ def is_hf_model(model: nn.Module) -> bool:
 
 
 def _configs(model: nn.Module) -> list[Any]:
-    """Every config object of the model and its sub-models (they may differ)."""
+    """Every config object of the model, its sub-models and (recursively) their sub-configs:
+    ``set_attn_implementation`` may change any of them."""
     found: dict[int, Any] = {}
-    for sub in model.modules():
-        config = getattr(sub, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            found[id(config)] = config
-            for key in getattr(config, "sub_configs", {}) or {}:
-                sub_config = getattr(config, key, None)
-                if sub_config is not None:
-                    found[id(sub_config)] = sub_config
+    todo = [getattr(sub, "config", None) for sub in model.modules()]
+    while todo:
+        config = todo.pop()
+        if config is None or id(config) in found \
+                or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        found[id(config)] = config
+        todo.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {})
     return list(found.values())
 
 
@@ -303,7 +310,8 @@ def _switched(model: nn.Module, name: str) -> Iterator[None]:
 
 @contextmanager
 def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
-    """Switch ``model`` to the attnprobe attention function; yield the sites it will see."""
+    """Switch ``model`` to the attnprobe attention function; yield the scoped sites. The
+    function serves ``recorder`` while it is open (:meth:`Recorder.opened`)."""
     current = model.config._attn_implementation
     delegate = current[len(PREFIX):] if current.startswith(PREFIX) else current
     delegate = delegate if delegate in DELEGATES else "sdpa"
@@ -312,10 +320,6 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
         raise AttentionUnavailableError(
             f"no attention modules found in {type(model).__name__}; pass paths=[...]")
     recorder.check_layers(layer_counts(sites))
-    session = _Session(model, recorder, sites)
+    recorder.site_of = _Sites(model, sites).site_of
     with _registered(delegate) as name, _switched(model, name):
-        token = _ACTIVE.set((*_ACTIVE.get(), session))
-        try:
-            yield [s for s in sites if recorder.wants(s)]
-        finally:
-            _ACTIVE.reset(token)
+        yield [s for s in sites if recorder.wants(s)]

@@ -3,12 +3,13 @@
 This is the seam for attnprobe's reference models (``blocks.{i}.attn.hook_pattern``) and for
 any other torch model whose attention weights come out of a module, e.g. TransformerLens'
 ``HookedTransformer`` (``blocks.{i}.attn.hook_pattern``). Returning a tensor from a forward
-hook replaces the module's output, which is how edits reach the values.
+hook replaces the module's output, which is how edits reach the values. Hooks act only on the
+forwards of the thread that opened the capture (:meth:`Recorder.opened`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -49,8 +50,10 @@ def path_sites(model: nn.Module, paths: Sequence[str]) -> list[Site]:
     return sites
 
 
-def _hook(recorder: Recorder, site: Site):
+def _hook(recorder: Recorder, site: Site) -> Callable[..., torch.Tensor | None]:
     def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        if not recorder.is_open:  # a forward of another thread: not this capture's
+            return None
         if not isinstance(output, torch.Tensor) or output.ndim != 4:
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
             raise AttentionUnavailableError(
@@ -62,9 +65,10 @@ def _hook(recorder: Recorder, site: Site):
     return on_output
 
 
-def _scores_hook(recorder: Recorder, site: Site):
+def _scores_hook(recorder: Recorder, site: Site) -> Callable[..., None]:
     def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        recorder.consume_scores(site, output)
+        if recorder.is_open:
+            recorder.consume_scores(site, output)
 
     return on_output
 

@@ -36,8 +36,10 @@ def _dtype(model: nn.Module) -> str:
 
 
 def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_heads: int = 0,
-               causal: bool | None = None) -> ModelInfo:
-    """Describe ``model``; the config wins, the counts seen during capture fill in the rest."""
+               causal: bool | None = None, dtype: str | None = None) -> ModelInfo:
+    """Describe ``model``; the config wins, the counts seen during capture fill in the rest.
+    ``dtype``: what the attention weights were computed in, when known (under autocast it
+    differs from the parameters' dtype, the default)."""
     config = getattr(model, "config", None)
     name = (getattr(model, "attnprobe_name", None) or getattr(config, "_name_or_path", None)
             or type(model).__name__)
@@ -50,7 +52,8 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
         flag = getattr(config, "causal", getattr(config, "is_decoder", None))
         causal = flag if isinstance(flag, bool) else None
     return ModelInfo(name=str(name), arch=str(arch), n_layers=layers, n_heads=heads,
-                     causal=causal, attn_implementation=implementation, dtype=_dtype(model),
+                     causal=causal, attn_implementation=implementation,
+                     dtype=dtype or _dtype(model),
                      versions=library_versions())
 
 

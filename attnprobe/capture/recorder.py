@@ -6,13 +6,21 @@ layer's post-softmax weights as ``[batch, head, query, key]`` blocks. The record
 edit parts, then gives the block to every part (:mod:`attnprobe.capture.parts`); what the parts
 stored becomes maps in :mod:`attnprobe.capture.assemble`. One recorder per capture context:
 nothing here outlives it, and nothing is stored on the model.
+
+A recorder only takes the forwards run in the thread (or asyncio task) that opened its context
+(:meth:`Recorder.opened`, a ``ContextVar``): hooks and the attention function are shared by
+every caller of the model, so captures of one model in several threads each see only their own
+forwards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
+from torch import nn
 
 from attnprobe.capture.calls import ForwardCall, Side, StopForward
 from attnprobe.capture.parts import Edit, EditOutput, Part, Reduce, Rows
@@ -21,7 +29,15 @@ from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, HookNotFiredError, InputError
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "open_recorders"]
+
+# The recorders whose capture contexts are open in this thread / task, outermost first.
+_OPEN: ContextVar[tuple[Recorder, ...]] = ContextVar("attnprobe_open_recorders", default=())
+
+
+def open_recorders() -> tuple[Recorder, ...]:
+    """The recorders of the capture contexts open in the calling thread, outermost first."""
+    return _OPEN.get()
 
 
 def _append_rows(earlier: torch.Tensor | None, rows: torch.Tensor, site: Site) -> torch.Tensor:
@@ -50,7 +66,10 @@ class Recorder:
         self.edit_output = next((p for p in self.parts if isinstance(p, EditOutput)), None)
         self.query_block = min((p.query_block for p in self.parts
                                 if isinstance(p, Reduce) and p.query_block), default=None)
-        self.stop_after: Site | None = None  # raise StopForward once this site is read
+        # stop_early: raise StopForward once the current forward has read all of these (in
+        # whatever order it runs them)
+        self.stop_at: frozenset[Site] = frozenset()
+        self.read_now: set[Site] = set()  # sites whose every row the current forward read
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
         self.fired: set[Site] = set()
@@ -59,10 +78,29 @@ class Recorder:
         self.layer_counts: dict[tuple[str, str], int] = {}
         self.n_heads = 0  # heads of the model, seen on the first captured tensor
         self.n_layers = 0  # most layers of any stack, known before the forward
+        self.dtypes: set[torch.dtype] = set()  # dtypes the weights were computed in
+        # module -> its site, for seams that find sites by module (the HF attention function)
+        self.site_of: Callable[[nn.Module], Site | None] | None = None
+
+    # ------------------------------------------------------------ opening
+    @contextmanager
+    def opened(self) -> Iterator[None]:
+        """Make this recorder take the forwards of the calling thread while the block runs."""
+        _OPEN.set((*_OPEN.get(), self))
+        try:
+            yield
+        finally:  # not reset(token): contexts of one thread may close out of order
+            _OPEN.set(tuple(r for r in _OPEN.get() if r is not self))
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the calling thread runs inside this recorder's context."""
+        return any(r is self for r in _OPEN.get())
 
     # ------------------------------------------------------------ selection
     @property
     def needs_weights(self) -> bool:
+        """Whether any part takes weights (with none, scoped layers keep their fast path)."""
         return bool(self.parts)
 
     @property
@@ -70,17 +108,17 @@ class Recorder:
         """Whether a seam must hand over all query rows at once (no row blocks)."""
         return any(p.whole_rows for p in self.parts)
 
-    @property
-    def values(self) -> bool:
-        return any(type(p).on_values is not Part.on_values for p in self.parts)
-
     def wants(self, site: Site) -> bool:
+        """Whether ``site``'s layer holds a head of the scope."""
         return self.scope.wants_layer(site.layer)
 
     def head_index(self, n_heads: int, site: Site) -> tuple[int, ...]:
         """The heads kept at ``site``: the scope's heads over the scoped layers of its stack
         (one grid per stack, so layers stack into one array)."""
-        count = self.layer_counts.get((site.stack, site.kind), site.layer + 1)
+        count = self.layer_counts.get((site.stack, site.kind))
+        if count is None:  # a stack found during the forward: the same cover for each layer
+            named = (layer for layer, _ in self.scope.terms if layer is not None)
+            count = max(named, default=0) + 1
         return self.scope.head_cover(self.scope.layers_in(max(count, site.layer + 1)), n_heads)
 
     def check_layers(self, counts: dict[tuple[str, str], int]) -> None:
@@ -114,6 +152,7 @@ class Recorder:
                         and past.shape[1] + current.shape[1] == mask.shape[1]):
                     ids[side] = torch.cat([past, current], dim=1)
         self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh))
+        self.read_now = set()
 
     @property
     def current(self) -> ForwardCall:
@@ -132,18 +171,19 @@ class Recorder:
     # ------------------------------------------------------------ consume
     def apply_edit(self, site: Site, pattern: torch.Tensor) -> torch.Tensor:
         """The edit part's weights for ``[batch, head, query, key]`` (checked)."""
-        return self.edit.edit_weights(self, site, pattern) if self.edit else pattern
+        return self.edit.apply(self, site, pattern) if self.edit else pattern
 
     def apply_output_edit(self, site: Site, output: torch.Tensor) -> torch.Tensor:
         """The output-edit part's per-head outputs ``[batch, head, query, d]`` (checked)."""
-        return self.edit_output.edit_outputs(self, site, output) if self.edit_output \
-            else output
+        return self.edit_output.apply(self, site, output) if self.edit_output else output
 
     def consume_values(self, site: Site, value: torch.Tensor, n_heads: int) -> None:
+        """Value vectors ``[batch, kv_head, key, d]`` of ``site`` (before the weights meet them)."""
         for part in self.parts:
             part.on_values(self, site, value, n_heads)
 
     def consume_scores(self, site: Site, scores: torch.Tensor) -> None:
+        """Pre-softmax scores ``[batch, head, query, key]`` of ``site``."""
         for part in self.parts:
             part.on_scores(self, site, scores)
 
@@ -155,6 +195,7 @@ class Recorder:
         from the seam's mask; estimated from the weights when the seam cannot know it.
         """
         self.fired.add(site)
+        self.dtypes.add(pattern.dtype)
         n_heads = pattern.shape[1]
         self.n_heads = max(self.n_heads, n_heads)
         heads = self.head_index(n_heads, site)
@@ -163,8 +204,10 @@ class Recorder:
         rows = Rows(site, pattern, kept, heads, q_start, q_total or pattern.shape[2], visible)
         for part in self.parts:
             part.on_rows(self, rows)
-        if self.stop_after == site and q_start + pattern.shape[2] >= rows.q_total:
-            raise StopForward
+        if self.stop_at and q_start + pattern.shape[2] >= rows.q_total:
+            self.read_now.add(site)
+            if self.stop_at <= self.read_now:
+                raise StopForward
 
     # ------------------------------------------------------------- finish
     def finish(self, wanted_sites: Sequence[Site]) -> None:

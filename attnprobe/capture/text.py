@@ -23,6 +23,8 @@ from attnprobe.errors import InputError
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "MODEL_KEYS",
+    "PAIR_KEYS",
     "TRUNCATIONS",
     "Corpus",
     "batch_spans",
@@ -30,8 +32,10 @@ __all__ = [
     "encode",
     "max_length_of",
     "model_inputs",
+    "model_keys",
     "prepare_corpus",
     "text_input",
+    "token_lengths",
     "truncation_mode",
 ]
 
@@ -95,6 +99,19 @@ def _limit(model: nn.Module, tokenizer: Any, max_length: int | None) -> int | No
     return limit
 
 
+# What a tokenizer's output gives the model. Segment ids keep the halves of a sentence pair
+# apart (BERT's token_type_ids); single texts go without them, so a model never sees segment
+# ids it was not given before (e.g. GPT-2 adds a token_type_ids embedding when given one).
+MODEL_KEYS = ("input_ids", "attention_mask")
+PAIR_KEYS = (*MODEL_KEYS, "token_type_ids")
+
+
+def model_keys(encoded: Any, *, pairs: bool = False) -> dict[str, Any]:
+    """The entries of a tokenizer's output that go to the model (:data:`MODEL_KEYS`, and
+    :data:`PAIR_KEYS` for sentence pairs)."""
+    return {k: encoded[k] for k in (PAIR_KEYS if pairs else MODEL_KEYS) if k in encoded}
+
+
 def _is_hf_tokenizer(tokenizer: Any) -> bool:
     transformers = sys.modules.get("transformers")
     return transformers is not None and isinstance(tokenizer, transformers.PreTrainedTokenizerBase)
@@ -107,20 +124,22 @@ def _tokenize(tokenizer: Any, texts: Sequence[str], padding_side: str,
         old_side = tokenizer.padding_side
         tokenizer.padding_side = padding_side
         try:
-            if any(isinstance(x, tuple) for x in inputs):
-                firsts = [x[0] if isinstance(x, tuple) else x for x in inputs]
-                seconds = [x[1] if isinstance(x, tuple) else None for x in inputs]
-                if None in seconds:
-                    raise InputError("a batch mixes sentence pairs (texts with a tab) and "
-                                     "single texts; give one kind per call")
-                batch = tokenizer(firsts, seconds, padding=True, return_tensors="pt",
+            pairs = [isinstance(x, tuple) for x in inputs]
+            if any(pairs) and not all(pairs):  # pairs and single texts: encode, then pad
+                single = [tokenizer(*x if isinstance(x, tuple) else (x,),
+                                    **(cut or {"truncation": False})) for x in inputs]
+                batch = tokenizer.pad([model_keys(e, pairs=True) for e in single],
+                                      padding=True, return_tensors="pt")
+            elif any(pairs):
+                batch = tokenizer([x[0] for x in inputs], [x[1] for x in inputs],
+                                  padding=True, return_tensors="pt",
                                   **(cut or {"truncation": False}))
             else:
                 batch = tokenizer(inputs, padding=True, return_tensors="pt",
                                   **(cut or {"truncation": False}))
         finally:
             tokenizer.padding_side = old_side
-        return {k: batch[k] for k in ("input_ids", "attention_mask")}
+        return model_keys(batch, pairs=any(pairs))
     if any(isinstance(x, tuple) for x in inputs):
         raise InputError(f"{type(tokenizer).__name__} cannot encode sentence pairs (texts with "
                          "a tab)")
@@ -135,7 +154,8 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
     """Tokenise a batch (module docstring); ``truncation="skip"`` is for :func:`prepare_corpus`
     and acts like ``"error"`` here.
 
-    Returns ``input_ids`` and ``attention_mask`` ``[batch, seq]`` (1 = real token).
+    Returns ``input_ids`` and ``attention_mask`` ``[batch, seq]`` (1 = real token), and the
+    tokenizer's ``token_type_ids`` when it gives them (sentence pairs).
     """
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side must be 'left' or 'right'; got {padding_side!r}")
@@ -147,8 +167,10 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
     if limit is not None and int(lengths.max()) > limit:
         i = int(lengths.argmax())
         if mode == "cut":  # the special tokens alone need more than the limit
-            raise InputError(f"text {i} cannot be cut to {limit} tokens: it needs at least "
-                             f"{int(lengths[i])} (its special tokens); raise --max-length")
+            specials = getattr(tokenizer, "num_special_tokens_to_add", None)
+            need = specials(pair="\t" in texts[i]) + 1 if callable(specials) else limit + 1
+            raise InputError(f"text {i} cannot be cut to {limit} tokens: its special tokens "
+                             f"and one word need at least {need}; raise --max-length")
         raise InputError(f"text {i} has {int(lengths[i])} tokens but the model takes at most "
                          f"{limit}; cut it (truncation='cut', CLI --truncate) or leave it out "
                          "(truncation='skip', CLI --skip-long)")

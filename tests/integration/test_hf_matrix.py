@@ -484,3 +484,38 @@ def test_streaming_reducers_without_attention_mask(name):
     kept = _summary_sorted(summarize(cap_kept.maps))
     stats = [c for c in kept.columns if c not in ("stack", "kind", "layer", "head", "head_id")]
     assert (streamed[stats] - kept[stats]).abs().max().max() <= 1e-6
+
+
+# ------------------------------------------------------------ precision and scopes
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_weights_equal_eager_twin(name):
+    """bfloat16 rows are off 1 by a few 1e-3: checked to bfloat16's precision, not float32's."""
+    model, twin = build_pair(name)
+    model.to(torch.bfloat16)
+    twin.to(torch.bfloat16)
+    inputs = make_inputs(name, "right")
+    cap, _ = captured(model, inputs)
+    maps = by_role(cap.maps, name)
+    expected = {role: [w.float() for w in group]
+                for role, group in eager_weights(twin, inputs).items()}
+    assert_maps_match(maps, expected, tol=0.0)
+    assert {m.info.dtype for m in cap.maps} == {"bfloat16"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scope_that_is_no_grid_in_every_stack(name):
+    """``heads:0.1,1.0``: every stack's maps hold the grid layers (0, 1) × heads (0, 1), the
+    streamed tally exactly the two heads."""
+    model, twin = build_pair(name)
+    inputs = make_inputs(name, "right")
+    cap, _ = captured(model, inputs, scope="heads:0.1,1.0")
+    maps = by_role(cap.maps, name)
+    expected = {role: [w[:, :2] for w in group]
+                for role, group in eager_weights(twin, inputs).items()}
+    assert_maps_match(maps, expected)
+    assert {(m.layers, m.heads) for m in cap.maps} == {((0, 1), (0, 1))}
+    streamed, _ = captured(model, inputs, scope="heads:0.1,1.0", keep=False,
+                           reducers=default_reducers(), query_block=2)
+    summary = streamed.tally.summary()
+    assert len(summary) == 2 * len(roles(name))
+    assert set(zip(summary["layer"], summary["head"], strict=True)) == {(0, 1), (1, 0)}

@@ -257,3 +257,19 @@ def test_a_site_running_twice_with_many_rows_is_refused():
     with pytest.raises(ap.InputError, match="more than once"), \
             ap.capture(model, paths=["blocks.0.attn.hook_pattern"]):
         model(torch.randint(0, 20, (1, 4)))
+
+
+def test_stop_early_waits_for_every_path_whatever_order_they_are_given_in():
+    model = track(TinyLens(n_layers=3))
+    tokens = torch.randint(0, 20, (2, 5))
+    paths = [f"blocks.{i}.attn.hook_pattern" for i in (2, 0, 1)]  # not the order they run in
+    with ap.capture(model, paths=paths) as full:
+        model(tokens)
+    ran = []
+    with ap.capture(model, paths=paths, stop_early=True) as early:
+        model(tokens)
+        ran.append(True)  # skipped: the forward stopped after the last of the three
+    assert ran == []
+    assert [m.layers for m in early.maps] == [(0, 1, 2)] * 2
+    for a, b in zip(full.maps, early.maps, strict=True):
+        assert torch.equal(a.pattern, b.pattern)
