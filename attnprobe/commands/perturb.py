@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -12,15 +13,13 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
-    names,
-    positive,
-    positive_float,
     texts_from_args,
     write_table,
     wrote,
 )
 from attnprobe.core.scope import SCOPE_FORMS
-from attnprobe.errors import AttnProbeError
+from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.perturb.params import CliOption, cli_options
 
 PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model ref:bilstm-classifier --text "the cat sat on the red mat" \\
@@ -28,7 +27,7 @@ PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model minilm --text-file s.txt --experiment uniform --scope layer:3 \\
       --out uniform.csv
   attnprobe perturb --model ref:transformer-classifier --text-file s.txt --experiment erase \\
-      --k 3 --out erase.csv
+      --max-erased 3 --out erase.csv
   attnprobe perturb --model ref:bilstm-classifier --text-file s.txt --experiment adversarial \\
       --eps 0.01 --out adversarial.csv
   attnprobe perturb --model minilm --text-file s.txt --experiment importance \\
@@ -40,21 +39,11 @@ erase (Serrano & Smith: keys erased by attention, Integrated Gradients and rando
 adversarial (Jain & Wallace: the most different attention within TVD eps), importance
 (Michel et al.: head importance and the pruning curve).
 Scopes: {scopes}; a repeated --scope merges.
+Each experiment's own options are the flags whose help names it; a flag of another experiment
+is an error. Under torchrun, --distributed splits the texts over the processes (same table).
 Writes one row per text, perturbation and metric: experiment, perturbation, params, scope,
 example_id, step, metric, baseline, perturbed, change.
 """
-
-# options that belong to one experiment: flag -> (experiment, run() keyword)
-_ONLY = {
-    "--permutations": ("permute/dirichlet", "n_permutations"),
-    "--alpha": ("dirichlet", "alpha"),
-    "--eps": ("adversarial", "eps"),
-    "--adversaries": ("adversarial", "n_adversaries"),
-    "--steps": ("adversarial", "steps"),
-    "--k": ("erase", "k"),
-    "--rankings": ("erase", "rankings"),
-    "--prune-steps": ("importance", "prune_steps"),
-}
 
 
 def _experiment(text: str) -> str:
@@ -66,18 +55,36 @@ def _experiment(text: str) -> str:
     return text
 
 
+def _options() -> list[CliOption]:
+    """One flag per experiment option, made from the experiments' parameter dataclasses."""
+    from attnprobe.perturb.experiments import EXPERIMENTS, params_of
+
+    return cli_options({name: params_of(name) for name in EXPERIMENTS.names()})
+
+
+def _value_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The option's own check as an argparse type: its message, one line, exit 2."""
+    def value(text: str) -> Any:
+        try:
+            return parse(text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return value
+
+
 def _keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """run() keywords from the experiment-specific flags; a flag given to another experiment
-    is an error, not silently ignored."""
+    """run() keywords from the experiment flags; a flag of another experiment is an error,
+    not silently ignored."""
     keywords: dict[str, Any] = {}
-    for flag, (owner, keyword) in _ONLY.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    for item in _options():
+        value = getattr(args, item.name)
         if value is None:
             continue
-        if args.experiment not in owner.split("/"):
-            raise AttnProbeError(f"{flag} applies to --experiment {owner}, not "
-                                 f"{args.experiment}")
-        keywords[keyword] = value
+        if args.experiment not in item.experiments:
+            raise AttnProbeError(f"{item.flag} applies to --experiment "
+                                 f"{'/'.join(item.experiments)}, not {args.experiment}")
+        keywords[item.name] = value
     return keywords
 
 
@@ -92,14 +99,15 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     from attnprobe.loading import load_model
     from attnprobe.perturb.experiments import run
 
-    (out,) = check_tables(("--out", args.out))
+    (out,) = check_tables(args, ("--out", args.out))
     keywords = _keywords(args)
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
     options = corpus_options(args)
-    with distributed_group(args.distributed) as (rank, _world):
+    with distributed_group(args.distributed) as (rank, world):
         table = run(model, tokenizer, texts, args.experiment, output=args.output,
-                    target=args.target, **options, **keywords)
+                    target=args.target, max_length=args.max_length, distributed=world > 1,
+                    **options, **keywords)
         if rank != 0:
             return 0
     write_table(table, out)
@@ -126,23 +134,10 @@ def register(sub: Any) -> None:
                         choices=["auto", "classifier", "lm", "embedding"],
                         help="what is compared: classifier probabilities, the next-token "
                              "distribution, or the mean-pooled embedding (default: auto)")
-    parser.add_argument("--permutations", type=positive,
-                        help="permute/dirichlet: draws per text (default 100)")
-    parser.add_argument("--alpha", type=positive_float,
-                        help="dirichlet: concentration (default 1)")
-    parser.add_argument("--eps", type=positive_float,
-                        help="adversarial: output budget, TVD (default 0.01)")
-    parser.add_argument("--adversaries", type=positive,
-                        help="adversarial: adversaries per text and layer (default 5)")
-    parser.add_argument("--steps", type=positive,
-                        help="adversarial: Adam steps (default 500)")
-    parser.add_argument("--k", type=positive,
-                        help="erase: report k = 1..K erased keys (default 1)")
-    parser.add_argument("--rankings", type=names,
-                        help="erase: key orders (default attention,integrated_gradients,random;"
-                             " any attribution method)")
-    parser.add_argument("--prune-steps", type=positive,
-                        help="importance: points on the pruning curve (default: every head)")
+    for item in _options():
+        parser.add_argument(item.flag, dest=item.name, type=_value_type(item.parse),
+                            metavar=item.metavar,
+                            help=item.help)
     parser.add_argument("--target",
                         help="erase: what the attribution ranking explains; importance: the "
                              "loss (class:K, next-token[:ID], similarity:TEXT)")

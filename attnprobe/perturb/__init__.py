@@ -1,13 +1,17 @@
 """Perturbation experiments: change attention weights (or a head's output) and measure how
 much the model's output cares.
 
-Modules: ``interventions`` (one registry of small parameter objects: permute, uniform, zero,
-mean-ablate, erase, Dirichlet re-draw), ``context`` (apply one inside a context that restores
-the model and verifies it took effect), ``measures`` (output and attention change),
-``adversarial`` (the most different attention that keeps the output within ε), ``importance``
-(Michel et al.'s head importance and the pruning curve) and ``experiments`` (:func:`run`: the
-experiments as tidy tables; ``readout`` reads and compares the model's outputs, ``job`` holds
-what every experiment shares, ``searches`` the erase, adversarial and importance experiments).
+Building blocks: ``interventions`` (one registry of small parameter objects: permute, uniform,
+zero, mean-ablate, erase, Dirichlet re-draw), ``context`` (apply one inside a context that
+restores the model and verifies it took effect), ``measures`` (output and attention change),
+``adversarial`` (the most different attention that keeps the output within ε) and
+``importance`` (Michel et al.'s head importance and the pruning curve).
+
+Experiments (:func:`run`, tidy tables; ``experiments`` documents them all): each is one
+function and one parameter dataclass (``params``) registered together (``job``, which also
+holds what they share); they live in ``draws`` (permute, dirichlet), ``edits`` (uniform,
+ablate, mean), ``searches`` (erase, adversarial) and ``pruning`` (importance). ``readout``
+reads and compares the model's outputs, ``budget`` estimates memory before the first forward.
 Which heads an intervention touches is a :class:`~attnprobe.core.scope.Scope`.
 """
 
@@ -15,7 +19,8 @@ from attnprobe.capture.info import attention_sizes
 from attnprobe.core.scope import Scope
 from attnprobe.perturb.adversarial import AdversarialResult, adversarial_attention
 from attnprobe.perturb.context import head_output_means, perturbed
-from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, run
+from attnprobe.perturb.draws import DirichletParams, PermuteParams
+from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, params_of, run
 from attnprobe.perturb.importance import head_importance, pruning_curve, similarity_loss
 from attnprobe.perturb.interventions import (
     INTERVENTIONS,
@@ -38,11 +43,16 @@ from attnprobe.perturb.measures import (
     prob_change,
     tvd,
 )
+from attnprobe.perturb.params import Params
+from attnprobe.perturb.pruning import ImportanceParams
+from attnprobe.perturb.searches import AdversarialParams, EraseParams
 
 __all__ = [
-    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "AdversarialResult", "Dirichlet", "Erase",
-    "Mean", "Permute", "Scope", "Uniform", "Zero", "adversarial_attention", "attention_jsd",
-    "attention_sizes", "cosine_distance", "decision_flip", "describe", "head_importance",
-    "head_output_means", "jsd", "logit_change", "make_intervention", "output_change",
-    "perturbed", "prob_change", "pruning_curve", "run", "similarity_loss", "tvd",
+    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "AdversarialParams", "AdversarialResult",
+    "Dirichlet", "DirichletParams", "Erase", "EraseParams", "ImportanceParams", "Mean", "Params",
+    "Permute", "PermuteParams", "Scope", "Uniform", "Zero", "adversarial_attention",
+    "attention_jsd", "attention_sizes", "cosine_distance", "decision_flip", "describe",
+    "head_importance", "head_output_means", "jsd", "logit_change", "make_intervention",
+    "output_change", "params_of", "perturbed", "prob_change", "pruning_curve", "run",
+    "similarity_loss", "tvd",
 ]

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
+from attnprobe.core import divergence
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
 
@@ -85,21 +86,6 @@ class AdversarialResult:
         rows = [(self.layer, heads, k, j, t, self.eps, t <= self.eps)
                 for k, (j, t) in enumerate(zip(self.jsd, self.tvd, strict=True))]
         return pd.DataFrame(rows, columns=list(ADVERSARIAL_COLUMNS))
-
-
-# ----------------------------------------------------------------------------- divergences
-def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    return (p * (torch.log(p + _TINY) - torch.log(q + _TINY))).sum(-1)
-
-
-def _jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence (nats) over the last axis; broadcasts."""
-    m = 0.5 * (p + q)
-    return 0.5 * (_kl(p, m) + _kl(q, m))
-
-
-def _tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -278,11 +264,11 @@ def adversarial_attention(model: nn.Module, inputs: Mapping[str, Any], *, layer:
             adv = weights()
             current["adv"] = adv
             probs = _probabilities(output_fn, model(**batch_inputs), k)
-            jsd = mean_rows(_jsd(adv, original_d))  # [K]
-            tvd = _tvd(probs, clean_probs.to(probs.device))  # [K]
+            jsd = mean_rows(divergence.jsd(adv, original_d, eps=_TINY))  # [K]
+            tvd = divergence.tvd(probs, clean_probs.to(probs.device))  # [K]
             loss = -jsd.mean() + PENALTY * torch.relu(tvd - eps).mean()
             if k > 1:
-                cross = mean_rows(_jsd(adv[:, None], adv[None, :]))  # [K, K]
+                cross = mean_rows(divergence.jsd(adv[:, None], adv[None, :], eps=_TINY))  # [K, K]
                 loss = loss - cross.sum() / (k * (k - 1))
             (grad,) = torch.autograd.grad(loss, [theta])
             # keep each adversary's best iterate within ε (values of this very forward)

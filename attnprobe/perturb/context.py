@@ -26,6 +26,15 @@ from torch import nn
 from attnprobe.capture import Capture, capture
 from attnprobe.capture import hf as hf_seam
 from attnprobe.capture.info import attention_sizes, model_scope
+from attnprobe.capture.text import (
+    DEFAULT_BATCH_SIZE,
+    Truncation,
+    batch_spans,
+    check_texts,
+    encode,
+    model_inputs,
+)
+from attnprobe.core.distributed import run_sharded
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
 from attnprobe.perturb.interventions import INTERVENTIONS, Intervention, make_intervention
@@ -94,8 +103,9 @@ def perturbed(model: nn.Module, intervention: Intervention | str, scope: ScopeLi
 
 
 def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
-                      layers: Sequence[int] | None = None, batch_size: int = 16,
-                      truncation: bool = False) -> dict[int, torch.Tensor]:
+                      layers: Sequence[int] | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                      truncation: Truncation = "error", max_length: int | None = None,
+                      distributed: bool | None = None) -> dict[int, torch.Tensor]:
     """Mean output of every head over the real tokens of ``texts``, for mean-ablation.
 
     Returns:
@@ -109,9 +119,11 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
     (``values=True``), and the per-head outputs are recomputed as ``weights @ values`` — the
     same product the eager attention function forms (key/value heads already repeated for
     grouped-query attention).
-    """
-    from attnprobe.capture.text import batch_spans, check_texts, encode
 
+    ``distributed`` (default: when a ``torch.distributed`` group is initialised) splits the
+    batches over the ranks; every rank gets the per-batch sums and adds them in batch order,
+    so the means equal the single-process ones exactly.
+    """
     if not hf_seam.is_hf_model(model):
         raise InputError(f"head outputs are recorded inside transformers' attention function; "
                          f"{type(model).__name__} is not a transformers model")
@@ -120,20 +132,27 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
                          "several stacks per layer index")
     texts = check_texts(texts)
     model_scope(model, Scope(layers=tuple(layers) if layers is not None else None))
-    device = next(model.parameters()).device
-    sums: dict[int, torch.Tensor] = {}
-    count = 0
-    for part in batch_spans(len(texts), batch_size):
-        batch = encode(model, tokenizer, texts[part], truncation=truncation)
-        inputs = {k: v.to(device) for k, v in batch.items()}
+
+    def batch_sums(part: slice) -> tuple[dict[int, torch.Tensor], int]:
+        """Per layer ``[head, d_head]`` sums of the head outputs over the real tokens."""
+        batch = encode(model, tokenizer, texts[part], truncation=truncation,
+                       max_length=max_length)
         with torch.no_grad(), capture(model, layers=layers, keep=False, live=True,
                                       values=True) as cap:
-            model(**inputs)
+            model(**model_inputs(model, batch))
         real = batch["attention_mask"].bool()  # [batch, query]
-        count += int(real.sum())
+        sums = {}
         for site, weights in cap.live[0].items():
             values = cap.values[0][site]  # [batch, head, key, d_head]
             out = torch.matmul(weights, values.to(weights.dtype))  # [batch, head, query, d]
-            total = out.double().cpu().mul(real[:, None, :, None]).sum(dim=(0, 2))
-            sums[site.layer] = sums.get(site.layer, 0) + total
-    return {layer: (total / count).float() for layer, total in sorted(sums.items())}
+            sums[site.layer] = out.double().cpu().mul(real[:, None, :, None]).sum(dim=(0, 2))
+        return sums, int(real.sum())
+
+    parts = run_sharded(batch_sums, batch_spans(len(texts), batch_size),
+                        distributed=distributed)
+    count = sum(n for _, n in parts)
+    totals: dict[int, torch.Tensor] = {}
+    for sums, _ in parts:  # in batch order, as one process adds them
+        for layer, total in sums.items():
+            totals[layer] = totals[layer] + total if layer in totals else total
+    return {layer: (total / count).float() for layer, total in sorted(totals.items())}

@@ -1,39 +1,48 @@
 """Perturbation experiments as tidy tables: ``run(model, tokenizer, texts, experiment)``.
 
-Every experiment is one small function registered in :data:`EXPERIMENTS`, and every one
-returns the columns :data:`RUN_COLUMNS`, so tables concatenate over experiments, models and
-runs. The random-draw and one-edit experiments live here, ``erase``, ``adversarial`` and
-``importance`` in :mod:`attnprobe.perturb.searches`; what they share (the registry, the job,
-the rows) is in :mod:`attnprobe.perturb.job`:
+Every experiment is one function and one parameter dataclass registered together in
+:data:`EXPERIMENTS` (:func:`~attnprobe.perturb.job.register_experiment`); the dataclass is
+the one place its options live: it checks them in :func:`run`, makes the flags of
+``attnprobe perturb`` and fills the ``params`` column. Every experiment returns the columns
+:data:`RUN_COLUMNS`, so tables concatenate over experiments, models and runs:
 
 ===============  ===========================================================================
-experiment       what it does (``perturbation`` column)
+experiment       what it does (``perturbation`` column); its options (default)
 ===============  ===========================================================================
-``permute``      Jain & Wallace: per example, ``n_permutations`` permutations of the scoped
-                 rows (each over its valid keys) in one batched forward, one permutation per
-                 batch row; rows: the median / mean / max over the permutations of every
-                 output change, and the example's ``max_attention`` (``permute``)
-``dirichlet``    Wiegreffe & Pinter's random baseline: the same with ``n_permutations``
-                 re-draws of every scoped row from Dirichlet(``alpha``) (``dirichlet``)
-``uniform``      Kovaleva / W&P: uniform weights over the valid keys of the scope
+``permute``      Jain & Wallace: per text, ``n_permutations`` (100) permutations of the scoped
+                 rows (each over its valid keys), one per batch row; rows: the median / mean /
+                 max over the permutations of every output change, and the text's
+                 ``max_attention`` (``permute``)
+``dirichlet``    Wiegreffe & Pinter's random baseline: the same with ``n_draws`` (100)
+                 re-draws of every scoped row from Dirichlet(``alpha``) (1.0) (``dirichlet``)
+``uniform``      Kovaleva / W&P: uniform weights over the valid keys of the scope; no options
 ``ablate``       Michel et al.: the scoped heads' weights zeroed, their output is 0 (``zero``)
 ``mean``         mean-ablation: the scoped heads' outputs replaced by their mean output over
                  the same ``texts`` (:func:`~attnprobe.perturb.head_output_means`; transformers
                  models only) (``mean``)
-``erase``        Serrano & Smith: keys erased in every scoped row, one more per step, in three
-                 orders — attention received, an attribution method (Integrated Gradients),
-                 random; the change for ``k = 1..K`` and the fraction of keys erased before
-                 the decision flips (``erase``)
-``adversarial``  Jain & Wallace: per example and scoped layer, the most different attention
-                 (JSD) that keeps the output within TVD ``eps`` (``adversarial``)
-``importance``   Michel et al.: head importance ``E|∂L/∂ξ_h|`` of the scoped heads, and the
-                 pruning curve in order of increasing importance (``zero``)
+``erase``        Serrano & Smith: keys erased in every scoped row, one more per step, in the
+                 orders ``rankings`` (attention received, Integrated Gradients with
+                 ``n_steps`` (50), random; any attribution method); the change after erasing
+                 ``1..max_erased`` (1) keys and the fraction of keys erased before the decision
+                 flips (``erase``)
+``adversarial``  Jain & Wallace: per text and scoped layer, the most different attention
+                 (JSD) that keeps the output within TVD ``eps`` (0.01): ``n_adversaries`` (5)
+                 trained ``steps`` (500) Adam steps at rate ``lr`` (0.01) (``adversarial``)
+``importance``   Michel et al.: head importance ``E|∂L/∂ξ_h|`` of the scoped heads over the
+                 corpus, and the pruning curve in order of increasing importance with
+                 ``prune_steps`` points (None: one after every head) (``zero``)
 ===============  ===========================================================================
 
-**Columns.** ``experiment``, ``perturbation``, ``params`` (the perturbation's parameters as a
-JSON object), ``scope`` (``"all"``, ``"layers:3"``, ``"heads:3.5"``; the scope the row's
-perturbation acted on), ``example_id`` (the text's index as a string; ``"all"`` for rows about
-the whole corpus), ``step`` (``k`` of ``erase``, heads pruned of ``importance``; ``<NA>`` for
+**Shared options** (keywords of :func:`run`, the same for every experiment): ``scope``,
+``batch_size`` (rows per forward, default 16: texts for uniform / ablate / mean / importance,
+draws of one text for permute / dirichlet, erasure steps of one text for erase), ``truncation``,
+``seed``, ``progress``, ``output``, ``target`` and ``distributed``.
+
+**Columns.** ``experiment``, ``perturbation``, ``params`` (the experiment's options, the seed
+when it draws, and what is particular to the row, as a JSON object), ``scope`` (``"all"``,
+``"layers:3"``, ``"heads:3.5"``; the scope the row's perturbation acted on), ``example_id``
+(the text's index in the caller's list, as a string; ``"all"`` for rows about the whole
+corpus), ``step`` (keys erased by ``erase``, heads pruned by ``importance``; ``<NA>`` for
 experiments without steps), ``metric``, ``baseline`` (the metric without the perturbation),
 ``perturbed`` (with it) and ``change = perturbed − baseline``. Distances and scores of the
 perturbation itself (``tvd``, ``jsd``, ``flip``, ``cosine_distance``, ``importance`` ...)
@@ -53,225 +62,59 @@ sits on one key, is an identity, and "the output does not care" is then the meas
 such an example reports exactly zero change (the seam demonstrably ran: otherwise one of the
 errors above is raised).
 
-**Reproducible from ``seed``.** Permutation ``j`` of example ``i`` draws from its own CPU
-generator seeded from ``(seed, i, j)``: the same call gives the same table, and batching the
-permutations (``batch_size``) does not change any draw — ``n`` rows in one forward equal ``n``
-forwards of one row.
+**Memory** is estimated before the first forward (:mod:`attnprobe.perturb.budget`); a run
+beyond the budget is an InputError that says which option to lower, and to what.
+
+**Reproducible from ``seed``, on one process or many.** Draw ``j`` of text ``i`` uses its own
+CPU generator seeded from ``(seed, i, j)``, ``i`` the text's index in the caller's list: the
+same call gives the same table, and neither batching (``batch_size``) nor splitting the texts
+over the ranks of a ``torch.distributed`` group changes any draw. Split runs return the
+single-process table on every rank; corpus quantities (``mean``'s head means,
+``importance``'s gradients and curve) are summed per batch and added in batch order.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
 from attnprobe.capture import capture
 from attnprobe.capture.info import model_scope
-from attnprobe.capture.text import batch_spans, check_texts
+from attnprobe.capture.text import (
+    DEFAULT_BATCH_SIZE,
+    Truncation,
+    max_length_of,
+    prepare_corpus,
+    token_lengths,
+    truncation_mode,
+)
+from attnprobe.core.checks import check_number
+from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope
-from attnprobe.errors import EditNotAppliedError, InputError
-from attnprobe.perturb import searches  # noqa: F401  registers erase, adversarial, importance
-from attnprobe.perturb.context import head_output_means
-from attnprobe.perturb.interventions import INTERVENTIONS, Dirichlet, Mean, Permute, Uniform, Zero
-from attnprobe.perturb.job import (
-    COMMON_OPTIONS,
-    CORPUS,
-    EXPERIMENTS,
-    RUN_COLUMNS,
-    STREAMS,
-    Experiment,
-    Job,
-    Row,
-    clean_output,
-    generator_for,
-    named_errors,
-    perturbed_output,
-    register_experiment,
-    repeat_inputs,
-    rows_of,
-)
-from attnprobe.perturb.readout import (
-    OUTPUTS,
-    OutputChoice,
-    Reader,
-    distances_of,
-    mean_row_max,
-    measure,
-    pick_reader,
-    row_max_sums,
-)
+from attnprobe.errors import InputError
+from attnprobe.perturb import draws, edits, pruning, searches  # noqa: F401  register them all
+from attnprobe.perturb.budget import check_budget
+from attnprobe.perturb.interventions import INTERVENTIONS
+from attnprobe.perturb.job import CORPUS, EXPERIMENTS, RUN_COLUMNS, Experiment, Job, named_errors
+from attnprobe.perturb.params import Params, option_flag
+from attnprobe.perturb.readout import OUTPUTS, OutputChoice, Reader, pick_reader
 
-__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "Experiment", "run"]
+__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "Experiment", "params_of", "run"]
+
+# the experiment that applies each intervention, for the message when one is named instead
+_APPLIED_BY = {"zero": "ablate"}
 
 
-def _json(params: Mapping[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)
-
-
-# ----------------------------------------------------------------------------- random draws
-class _RowEdit:
-    """An edit that gives every batch row its own generator (row ``b`` draws exactly as a
-    batch-1 forward with ``generators[b]`` would), and tallies each row's ``max_attention``
-    after the edit over the scoped heads (``after``: sums and row counts per batch row)."""
-
-    def __init__(self, intervention: Any, scope: Scope,
-                 generators: Sequence[torch.Generator]) -> None:
-        self.intervention = intervention
-        self.scope = scope
-        self.generators = list(generators)
-        n = len(self.generators)
-        self.after = (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
-
-    def __call__(self, layer: int, pattern: torch.Tensor) -> torch.Tensor:
-        if pattern.shape[0] != len(self.generators):
-            raise InputError(f"the forward ran a batch of {pattern.shape[0]} rows; expected "
-                             f"{len(self.generators)} copies of one example")
-        heads = self.scope.heads_of(layer, pattern.shape[1])
-        edited = torch.cat([self.intervention(pattern[b:b + 1], heads, g, layer=layer)
-                            for b, g in enumerate(self.generators)])
-        index = list(heads)
-        total, count = row_max_sums(edited[:, index].detach(), pattern[:, index].detach())
-        self.after[0].add_(total)
-        self.after[1].add_(count)
-        return edited
-
-
-def _draws(job: Job, intervention: Any, perturbation: str, params: dict[str, Any]) -> list[Row]:
-    rows = []
-    n = job.n_permutations
-    size = job.batch_size or n
-    distances = distances_of(job.reader.kind)
-    scope = str(job.scope)
-    for i, text in job.examples():
-        inputs = job.encode([text])
-        with named_errors(job, f"example {i}"):
-            before, cap = clean_output(job, inputs, keep=True)
-            sums = [row_max_sums(m.pattern[None], m.pattern[None]) for m in cap.maps]  # per stack
-            max_before = mean_row_max(sum(s[0] for s in sums), sum(s[1] for s in sums))[0]
-            parts, max_after = [], []
-            for start in range(0, n, size):
-                count = min(n, start + size) - start
-                edit = _RowEdit(intervention, job.scope,
-                                [generator_for(job.seed, STREAMS["draws"], i, j)
-                                 for j in range(start, start + count)])
-                copies = repeat_inputs(inputs, count)
-                try:
-                    with torch.no_grad(), capture(job.model, job.scope, keep=False,
-                                                  edit=edit):
-                        output = job.model(**copies)
-                    parts.append(job.reader(output, copies).detach())
-                except EditNotAppliedError:  # no draw moved any weight: exactly no change
-                    parts.append(before.expand(count, *before.shape[1:]))
-                max_after.append(mean_row_max(*edit.after))
-        measures = measure(job.reader.kind, before, torch.cat(parts))
-        example = str(i)
-        for metric in distances:
-            values = measures[metric][1].numpy()
-            for stat, value in (("median", np.median(values)), ("mean", values.mean()),
-                                ("max", values.max())):
-                rows.append(Row(perturbation, params, scope, example, None,
-                                 f"{metric}_{stat}", 0.0, float(value)))
-        rows.append(Row(perturbation, params, scope, example, None, "max_attention",
-                         float(max_before), float(torch.cat(max_after).mean())))
-    return rows
-
-
-@register_experiment("permute")
-def _permute(job: Job) -> list[Row]:
-    """Jain & Wallace's permutations, ``n_permutations`` per example in one batch."""
-    return _draws(job, Permute(), "permute", {"n_permutations": job.n_permutations,
-                                              "seed": job.seed})
-
-
-@register_experiment("dirichlet")
-def _dirichlet(job: Job) -> list[Row]:
-    """Wiegreffe & Pinter's random re-draws from Dirichlet(alpha), batched like permute."""
-    return _draws(job, Dirichlet(alpha=job.alpha), "dirichlet",
-                  {"alpha": job.alpha, "n_draws": job.n_permutations, "seed": job.seed})
-
-
-# ----------------------------------------------------------------------------- one edit
-def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
-    rows = []
-    scope = str(job.scope)
-    spans = batch_spans(len(job.texts), job.batch_size or 16)
-    if job.progress:
-        from attnprobe.core.optional import require
-
-        spans = require("tqdm").tqdm(spans, unit="batch", desc=f"perturb {job.name}")
-    for span in spans:
-        inputs = job.encode(job.texts[span])
-        ids = ", ".join(str(i) for i in range(span.start, span.stop))
-        where = f"text {ids}" if span.stop - span.start == 1 else f"texts {ids}"
-        with named_errors(job, where):
-            before, _ = clean_output(job, inputs)
-            after = perturbed_output(job, intervention, inputs)
-        measures = measure(job.reader.kind, before, after)
-        for row, i in enumerate(range(span.start, span.stop)):
-            rows += rows_of(measures, row, perturbation=intervention.name, params=params,
-                             scope=scope, example=str(i))
-    return rows
-
-
-@register_experiment("uniform")
-def _uniform(job: Job) -> list[Row]:
-    """Uniform weights over the valid keys of every scoped row."""
-    return _one_shot(job, Uniform(), {})
-
-
-@register_experiment("ablate")
-def _ablate(job: Job) -> list[Row]:
-    """Zero-ablation: the scoped heads contribute nothing."""
-    return _one_shot(job, Zero(), {})
-
-
-@register_experiment("mean")
-def _mean(job: Job) -> list[Row]:
-    """Mean-ablation with each head's mean output over the same texts."""
-    means = head_output_means(job.model, job.tokenizer, job.texts, layers=job.scope.layers,
-                              truncation=job.options["truncation"])
-    return _one_shot(job, Mean(means=means), {"means_from": "texts", "n_texts": len(job.texts)})
-
-
-# ----------------------------------------------------------------------------- entry point
-def _check_number(name: str, value: Any, *, integer: bool, minimum: float,
-                  strict: bool = False) -> None:
-    kind = "an integer" if integer else "a finite number"
-    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
-    if ok and not integer:
-        ok = math.isfinite(value)
-    if ok:
-        ok = value > minimum if strict else value >= minimum
-    if not ok:
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise InputError(f"{name} must be {kind} {bound}; got {value!r}")
-
-
-def _options(name: str, experiment: Experiment, params: Mapping[str, Any]) -> dict[str, Any]:
-    accepted = {**COMMON_OPTIONS, **experiment.options}
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise InputError(f"experiment {name!r} takes the options {', '.join(sorted(accepted))}; "
-                         f"got {', '.join(unknown)}")
-    options = {**accepted, **params}
-    if options["batch_size"] is not None:
-        _check_number("batch_size", options["batch_size"], integer=True, minimum=1)
-    for key in ("n_adversaries", "steps", "n_steps"):
-        if key in options:
-            _check_number(key, options[key], integer=True, minimum=1)
-    if "lr" in options:
-        _check_number("lr", options["lr"], integer=False, minimum=0, strict=True)
-    if options.get("prune_steps") is not None:
-        _check_number("prune_steps", options["prune_steps"], integer=True, minimum=1)
-    return options
+def params_of(experiment: str) -> type[Params]:
+    """The parameter dataclass of ``experiment`` (its options, defaults and help)."""
+    return _experiment_named(experiment).params
 
 
 def _experiment_named(name: Any) -> Experiment:
@@ -279,73 +122,26 @@ def _experiment_named(name: Any) -> Experiment:
         return EXPERIMENTS.get(name)
     message = one_of("experiment", name, EXPERIMENTS.names())
     if isinstance(name, str) and name in INTERVENTIONS:
-        runs = {"zero": "ablate", "erase": "erase", "permute": "permute",
-                "uniform": "uniform", "mean": "mean", "dirichlet": "dirichlet"}.get(name)
+        runs = _APPLIED_BY.get(name, name)
         message += f" ({name!r} is a perturbation; the experiment {runs!r} applies it)"
     raise InputError(message)
 
 
-def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
-        scope: str | Scope = "all", output: OutputChoice = "auto", n_permutations: int = 100,
-        seed: int = 0, eps: float = 0.01, k: int = 1, alpha: float = 1.0, target: Any = None,
-        progress: bool = False, **params: Any) -> pd.DataFrame:
-    """Run one perturbation experiment over ``texts`` and return a tidy table.
+def _named(params: type[Params]) -> Callable[[str], str]:
+    """``option -> "name (--flag)"`` for messages read by API and CLI users alike."""
+    flags = {f.name: option_flag(f.name, f.metadata) for f in fields(params)}
+    return lambda name: f"{name} ({flags.get(name, '--' + name.replace('_', '-'))})"
 
-    Args:
-        model / tokenizer: an attnprobe reference model or a transformers model (any
-            attention backend), in eval mode, and its tokenizer.
-        texts: the examples (one row group per text; ``example_id`` is the index).
-        experiment: a name in :data:`EXPERIMENTS` (see the module docstring).
-        scope: which heads are perturbed: ``"all"``, ``"layer:3"``, ``"layers:2,3"``,
-            ``"head:3.5"``, ``"heads:3.5,3.7"`` or a :class:`~attnprobe.perturb.Scope`.
-        output: ``"auto"``, ``"classifier"``, ``"lm"`` or ``"embedding"`` (module docstring).
-        n_permutations: permutations (``permute``) or re-draws (``dirichlet``) per example.
-        seed: seeds every random choice (permutations, draws, the random erasure order,
-            adversary initialisations); the same call gives the same table.
-        eps: ``adversarial``: the output budget ε (TVD of the output probabilities; for
-            embedding models half the cosine distance).
-        k: ``erase``: report the change for ``k = 1..K`` erased keys.
-        alpha: ``dirichlet``: the concentration.
-        target: ``erase``: what the attribution ranking explains (default: the predicted
-            class ``class:K``, ``next-token``, or ``similarity:<the text itself>`` for
-            embedding models); ``importance``: the loss is ``−target`` (default: the
-            cross-entropy of the model's own prediction; embedding models need
-            ``similarity:TEXT``). A spec such as ``"class:1"``, a Target or a callable.
-        progress: show a progress bar (tqdm) over the texts.
-        **params: options of the experiment: every experiment takes ``batch_size`` (forward
-            rows: texts for uniform/ablate/mean, default 16; permutations or erasure steps per
-            forward, default all of them) and ``truncation``; ``erase``: ``rankings`` (default
-            attention, integrated_gradients, random; any attribution method name) and
-            ``n_steps`` (Integrated Gradients); ``adversarial``: ``n_adversaries`` (5),
-            ``steps`` (500), ``lr`` (0.01); ``importance``: ``prune_steps`` (None: a point
-            after every head).
 
-    Returns:
-        A DataFrame with columns :data:`RUN_COLUMNS` (see the module docstring for each
-        experiment's metrics).
+def _longest(model: nn.Module, tokenizer: Any, texts: Sequence[str], mode: str,
+             max_length: int | None) -> int:
+    """Tokens of the longest text as it will be run (cut to the limit)."""
+    longest = max(token_lengths(tokenizer, texts))
+    limits = [n for n in (max_length_of(model, tokenizer), max_length) if n]
+    return min(longest, *limits) if mode == "cut" and limits else longest
 
-    Raises:
-        InputError: unknown experiment or option, empty texts, a bad scope or one out of
-            range, ``n_permutations < 1``, ``k < 1``, ``eps <= 0``, ``alpha <= 0``, a model
-            in training mode, an output the model does not give.
-        AttentionUnavailableError / HookNotFiredError: the model's attention cannot be
-            reached through the capture seam (the experiment and example are named).
-        EditNotAppliedError: a deterministic perturbation changed no weight (not raised by
-            permute / dirichlet, which report zero change).
 
-    Example:
-        >>> model, tok = ap.load_model("ref:bilstm-classifier")
-        >>> table = ap.perturb.run(model, tok, ["the cat sat on the red mat"], "permute")
-        >>> table.pivot(index="example_id", columns="metric", values="perturbed")
-    """
-    spec = _experiment_named(experiment)
-    texts = check_texts(texts)
-    options = _options(spec.name, spec, params)
-    _check_number("n_permutations", n_permutations, integer=True, minimum=1)
-    _check_number("seed", seed, integer=True, minimum=0)
-    _check_number("k", k, integer=True, minimum=1)
-    _check_number("eps (the TVD budget)", eps, integer=False, minimum=0, strict=True)
-    _check_number("alpha", alpha, integer=False, minimum=0, strict=True)
+def _check_model(model: Any, output: Any) -> None:
     if output not in OUTPUTS:
         raise InputError(one_of("output", output, OUTPUTS))
     if not isinstance(model, nn.Module):
@@ -353,22 +149,91 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     if any(m.training for m in model.modules()):
         raise InputError("the model is in training mode (dropout makes every number random): "
                          "call model.eval()")
+
+
+def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
+        scope: str | Scope = "all", batch_size: int = DEFAULT_BATCH_SIZE,
+        truncation: Truncation = "error", seed: int = 0, progress: bool = False,
+        output: OutputChoice = "auto", target: Any = None, max_length: int | None = None,
+        distributed: bool | None = None, **options: Any) -> pd.DataFrame:
+    """Run one perturbation experiment over ``texts`` and return a tidy table.
+
+    Args:
+        model / tokenizer: an attnprobe reference model or a transformers model (any
+            attention backend), in eval mode, and its tokenizer.
+        texts: the examples (one row group per text; ``example_id`` is the index).
+        experiment: a name in :data:`EXPERIMENTS` (see the module docstring).
+        scope: which heads are perturbed, in the scope language (``"all"``, ``"layer:3"``,
+            ``"heads:0.2,1.8"``, ``"L3H5"`` ...) or a :class:`~attnprobe.core.scope.Scope`.
+        batch_size: rows per forward (default 16; module docstring).
+        truncation: ``"error"`` (default), ``"cut"`` or ``"skip"`` for texts longer than the
+            model allows (skipped texts keep their index out of ``example_id``).
+        seed: seeds every random choice (permutations, draws, the random erasure order,
+            adversary initialisations); the same call gives the same table.
+        progress: a progress bar (tqdm) over the texts or batches.
+        output: ``"auto"``, ``"classifier"``, ``"lm"`` or ``"embedding"`` (module docstring).
+        target: ``erase``: what the attribution ranking explains (default: the predicted
+            class ``class:K``, ``next-token``, or ``similarity:<the text itself>`` for
+            embedding models); ``importance``: the loss is ``−target`` (default: the
+            cross-entropy of the model's own prediction; embedding models need
+            ``similarity:TEXT``). A spec such as ``"class:1"``, a Target or a callable.
+            The other experiments do not read it.
+        max_length: a cap on tokens per text below the model's own limit (``truncation``
+            says what happens to longer texts).
+        distributed: split the texts over the ranks of an initialised ``torch.distributed``
+            group and return the single-process table on every rank (default: when a group
+            is initialised; ``True`` without one is an error).
+        **options: the experiment's own options, its parameter dataclass's fields
+            (:func:`params_of`; the module docstring lists them), e.g. ``n_permutations=20``
+            for ``permute`` or ``eps=0.05`` for ``adversarial``.
+
+    Returns:
+        A DataFrame with columns :data:`RUN_COLUMNS` (see the module docstring for each
+        experiment's metrics).
+
+    Raises:
+        InputError: unknown experiment, an option the experiment does not take or out of
+            its bounds, empty texts, a bad scope or one out of range, a model in training
+            mode, an output the model does not give, a run beyond the memory budget.
+        AttentionUnavailableError / HookNotFiredError: the model's attention cannot be
+            reached through the capture seam (the experiment and example are named).
+        EditNotAppliedError: a deterministic perturbation changed no weight (not raised by
+            permute / dirichlet, which report zero change).
+
+    Example:
+        >>> model, tok = ap.load_model("ref:bilstm-classifier")
+        >>> table = ap.perturb.run(model, tok, ["the cat sat on the red mat"], "permute",
+        ...                        n_permutations=20)
+        >>> table.pivot(index="example_id", columns="metric", values="perturbed")
+    """
+    spec = _experiment_named(experiment)
+    params = spec.params.build(spec.name, options)
+    check_number("batch_size", batch_size, integer=True, minimum=1)
+    check_number("seed", seed, integer=True, minimum=0)
+    mode = truncation_mode(truncation)
+    _check_model(model, output)
+    rank_and_world(distributed)  # distributed=True without a process group fails here
+    corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
-    job = Job(spec.name, model, tokenizer, texts, scope, Reader("classifier"), n_permutations,
-              seed, float(eps), k, float(alpha), target, progress, options)
-    first = job.encode(texts[:1])
+    need = params.footprint(batch_size)
+    check_budget(model, spec.name, need,
+                 _longest(model, tokenizer, corpus.texts, mode, max_length), _named(spec.params))
+    job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
+              scope, Reader("classifier"), params, seed, target, batch_size,
+              "cut" if mode == "cut" else "error", max_length, progress, distributed)
+    first = job.encode(corpus.texts[:1])
     with named_errors(job, "unperturbed forward"), torch.no_grad(), \
             capture(model, scope, keep=False):
         first_output = model(**first)
     reader = pick_reader(model, output, first_output)
     reader(first_output, first)  # a clear error now when the output does not fit the kind
-    job = replace(job, reader=reader)
-    rows = spec.fn(job)
+    rows = spec.fn(replace(job, reader=reader))
     table = pd.DataFrame(
-        [(spec.name, r.perturbation, _json(r.params), r.scope, r.example_id, r.step, r.metric,
-          r.baseline, r.perturbed, r.perturbed - r.baseline) for r in rows],
-        columns=list(RUN_COLUMNS))
+        [(spec.name, r.perturbation, json.dumps(r.params, sort_keys=True), r.scope,
+          r.example_id, r.step, r.metric, r.baseline, r.perturbed, r.perturbed - r.baseline)
+         for r in rows], columns=list(RUN_COLUMNS))
     table["step"] = table["step"].astype("Int64")
     for column in ("baseline", "perturbed", "change"):
         table[column] = table[column].astype("float64")
     return table
+

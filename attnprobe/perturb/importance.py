@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from attnprobe.capture import Site, capture
-from attnprobe.capture.text import batch_spans, check_texts, encode, model_inputs
+from attnprobe.capture.text import Truncation, batch_spans, check_texts, encode, model_inputs
+from attnprobe.core.distributed import run_sharded
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
 
-__all__ = ["IMPORTANCE_COLUMNS", "PRUNING_COLUMNS", "head_importance", "pruning_curve",
-           "similarity_loss"]
+__all__ = ["IMPORTANCE_COLUMNS", "PRUNING_COLUMNS", "curve_points", "head_importance",
+           "pruned_outputs", "pruning_curve", "similarity_loss"]
 
 IMPORTANCE_COLUMNS = ("stack", "kind", "layer", "head", "head_id", "importance",
                       "importance_raw")
@@ -81,8 +82,44 @@ def _site_order(site: Site) -> tuple[str, str, int]:
 
 
 # ----------------------------------------------------------------------------- importance
+def _batch_importance(model: nn.Module, inputs: Inputs, loss_fn: LossFn
+                      ) -> dict[Site, torch.Tensor]:
+    """Per attention site, ``Σ_x |∂L(x)/∂ξ_h|`` over the examples of one batch: ``[head]``."""
+    n = int(next(iter(inputs.values())).shape[0])
+    totals: dict[Site, torch.Tensor] = {}
+    with torch.enable_grad(), _gradients_reach_attention(model):
+        with capture(model, keep=False, live=True) as cap:
+            output = model(**inputs)
+        loss = _check_loss(loss_fn(output, inputs), n)
+        if len(cap.live) != 1:
+            raise InputError(f"the model ran {len(cap.live)} forward calls for one batch; "
+                             "head_importance needs exactly one")
+        sites = sorted(cap.live[0], key=_site_order)
+        patterns = [cap.live[0][s] for s in sites]
+        tracked = [i for i, p in enumerate(patterns) if p.requires_grad]
+        if not loss.requires_grad or not tracked:
+            raise InputError("no gradient reaches the attention from loss_fn (a detached "
+                             "loss, or weights computed without autograd)")
+        grads = torch.autograd.grad(loss.sum(), [patterns[i] for i in tracked],
+                                    allow_unused=True)
+    by_index = dict(zip(tracked, grads, strict=True))
+    for i, site in enumerate(sites):
+        weights = patterns[i].detach().to(torch.float64)  # [batch, head, query, key]
+        grad = by_index.get(i)
+        if grad is None:  # this head cannot influence the loss
+            per_row = torch.zeros(weights.shape[:3], dtype=torch.float64)
+        else:
+            per_row = (weights * grad.to(torch.float64)).sum(-1)  # [batch, head, query]
+        rows = _query_rows(inputs, site, n, weights.shape[2], per_row.device)
+        per_head = (per_row * rows[:, None, :]).sum(-1)  # [batch, head] = ∂L_x/∂ξ_h
+        totals[site] = per_head.abs().sum(0).cpu()
+    return totals
+
+
 def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
-                    loss_fn: LossFn, *, batch_size: int = 8) -> pd.DataFrame:
+                    loss_fn: LossFn, *, batch_size: int = 8, truncation: Truncation = "error",
+                    max_length: int | None = None, distributed: bool | None = None,
+                    progress: bool = False) -> pd.DataFrame:
     """Michel et al.'s head importance ``I_h = E_x |∂L(x)/∂ξ_h|`` of every head.
 
     How it is computed: one forward per batch under :func:`attnprobe.capture` with
@@ -103,6 +140,12 @@ def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str
             :func:`similarity_loss` for an embedding model. ``inputs`` holds ``input_ids``
             and ``attention_mask``; examples must not interact (model in eval mode).
         batch_size: texts per forward (right-padded).
+        truncation / max_length: ``"error"`` or ``"cut"`` for texts longer than the model
+            allows, or than ``max_length`` tokens.
+        distributed: split the batches over the ranks of an initialised ``torch.distributed``
+            group (default: when one is initialised); the per-batch sums are exchanged and
+            added in batch order on every rank, so the scores equal one process's exactly.
+        progress: a progress bar over the batches.
 
     Returns:
         One row per head, columns ``IMPORTANCE_COLUMNS``: ``stack``/``kind`` name the
@@ -118,38 +161,18 @@ def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str
     if torch.is_inference_mode_enabled():
         raise InputError("head_importance needs gradients; call it outside "
                          "torch.inference_mode()")
+
+    def one(span: slice) -> dict[Site, torch.Tensor]:
+        batch = encode(model, tokenizer, texts[span], truncation=truncation,
+                       max_length=max_length)
+        return _batch_importance(model, model_inputs(model, batch), loss_fn)
+
+    parts = run_sharded(one, batch_spans(len(texts), batch_size), distributed=distributed,
+                        progress=progress, desc="head importance")
     totals: dict[Site, torch.Tensor] = {}
-    for span in batch_spans(len(texts), batch_size):
-        inputs = model_inputs(model, encode(model, tokenizer, texts[span]))
-        n = span.stop - span.start
-        with torch.enable_grad(), _gradients_reach_attention(model):
-            with capture(model, keep=False, live=True) as cap:
-                output = model(**inputs)
-            loss = _check_loss(loss_fn(output, inputs), n)
-            if len(cap.live) != 1:
-                raise InputError(f"the model ran {len(cap.live)} forward calls for one batch; "
-                                 "head_importance needs exactly one")
-            sites = sorted(cap.live[0], key=_site_order)
-            patterns = [cap.live[0][s] for s in sites]
-            tracked = [i for i, p in enumerate(patterns) if p.requires_grad]
-            if not loss.requires_grad or not tracked:
-                raise InputError("no gradient reaches the attention from loss_fn (a detached "
-                                 "loss, or weights computed without autograd)")
-            grads = torch.autograd.grad(loss.sum(), [patterns[i] for i in tracked],
-                                        allow_unused=True)
-        by_index = dict(zip(tracked, grads, strict=True))
-        for i, site in enumerate(sites):
-            weights = patterns[i].detach().to(torch.float64)  # [batch, head, query, key]
-            grad = by_index.get(i)
-            if grad is None:  # this head cannot influence the loss
-                per_row = torch.zeros(weights.shape[:3], dtype=torch.float64)
-            else:
-                per_row = (weights * grad.to(torch.float64)).sum(-1)  # [batch, head, query]
-            rows = _query_rows(inputs, site, n, weights.shape[2], per_row.device)
-            per_head = (per_row * rows[:, None, :]).sum(-1)  # [batch, head] = ∂L_x/∂ξ_h
-            total = per_head.abs().sum(0).cpu()
+    for part in parts:  # in batch order, as one process adds them
+        for site, total in part.items():
             totals[site] = totals[site] + total if site in totals else total
-        del patterns, grads, by_index, cap, output, loss
     return _importance_frame(totals, len(texts))
 
 
@@ -235,6 +258,29 @@ def _prune(pruned: Sequence[tuple[int, int]]) -> tuple[list[int], Callable[..., 
     return sorted(by_layer), edit
 
 
+def curve_points(n_order: int, steps: int | None) -> list[int]:
+    """How many heads are pruned at each point after the first (unpruned) one: every count
+    ``1..n_order`` (``steps=None``), or ``steps`` evenly spaced counts."""
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
+                              or steps < 1):
+        raise InputError(f"steps must be None or an integer >= 1; got {steps!r}")
+    if steps is None:
+        return list(range(1, n_order + 1))
+    return sorted({round(i * n_order / steps) for i in range(1, steps + 1)} - {0})
+
+
+def pruned_outputs(model: nn.Module, inputs: Inputs, order: Sequence[tuple[int, int]],
+                   counts: Sequence[int]) -> Iterator[tuple[int, Any]]:
+    """``(n, output)`` for each ``n`` in ``counts``: the model's output on ``inputs`` with the
+    first ``n`` heads of ``order`` pruned (weights zeroed through a capture edit; the model
+    itself is never changed)."""
+    for n in counts:
+        layers, edit = _prune(order[:n])
+        with torch.no_grad(), capture(model, layers=layers, keep=False, edit=edit):
+            output = model(**inputs)
+        yield n, output
+
+
 def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
                   metric_fn: MetricFn, order: Sequence[tuple[int, int]], *,
                   steps: int | None = None) -> pd.DataFrame:
@@ -266,9 +312,7 @@ def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     """
     texts = check_texts(texts)
     order = _check_order(order)
-    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
-                              or steps < 1):
-        raise InputError(f"steps must be None or an integer >= 1; got {steps!r}")
+    counts = curve_points(len(order), steps)
     inputs = model_inputs(model, encode(model, tokenizer, texts))
 
     # the unpruned point; head 0 is kept only to learn the model's sites and head count
@@ -288,13 +332,6 @@ def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     del cap, output
 
     total = len(layers) * n_heads
-    if steps is None:
-        counts = list(range(1, len(order) + 1))
-    else:
-        counts = sorted({round(i * len(order) / steps) for i in range(1, steps + 1)} - {0})
-    for n in counts:
-        pruned_layers, edit = _prune(order[:n])
-        with torch.no_grad(), capture(model, layers=pruned_layers, keep=False, edit=edit):
-            output = model(**inputs)
+    for n, output in pruned_outputs(model, inputs, order, counts):
         rows.append((n, n / total, _metric(metric_fn(output, inputs))))
     return pd.DataFrame(rows, columns=list(PRUNING_COLUMNS))

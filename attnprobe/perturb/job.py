@@ -1,20 +1,21 @@
 """What every perturbation experiment shares: the experiment registry, the :class:`Job` an
-experiment function receives, the rows it returns, its seeds and its forwards through the
-capture seam.
+experiment function receives, the rows it returns, its seeds, its forwards through the capture
+seam, and its share of the texts when the work is split over processes.
 
-An experiment is ``fn(job) -> list[Row]`` registered with :func:`register_experiment`; the
-experiments
-live in :mod:`attnprobe.perturb.experiments` (which imports them all, so :data:`EXPERIMENTS` is
-complete once that module is imported) and :mod:`attnprobe.perturb.searches`.
+An experiment is one function ``fn(job) -> list[Row]`` and one parameter dataclass (a
+:class:`~attnprobe.perturb.params.Params`), registered together with
+:func:`register_experiment`; adding one touches one file. The experiments live in
+:mod:`attnprobe.perturb.draws`, :mod:`attnprobe.perturb.edits` and
+:mod:`attnprobe.perturb.searches`; :mod:`attnprobe.perturb.experiments` imports them all, so
+:data:`EXPERIMENTS` is complete once that module is imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 
 from attnprobe.capture import capture
 from attnprobe.capture.text import encode, model_inputs
+from attnprobe.core.distributed import run_sharded
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import Scope
 from attnprobe.errors import (
@@ -30,33 +32,43 @@ from attnprobe.errors import (
     HookNotFiredError,
 )
 from attnprobe.perturb.context import perturbed
+from attnprobe.perturb.params import SHARED, Params
 from attnprobe.perturb.readout import Reader
 
-__all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "Experiment", "Job"]
+__all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "Experiment", "Job", "Row",
+           "register_experiment"]
 
 RUN_COLUMNS = ("experiment", "perturbation", "params", "scope", "example_id", "step", "metric",
                "baseline", "perturbed", "change")
 CORPUS = "all"  # example_id of rows about the whole corpus
 STREAMS = {"draws": 0, "erase": 1, "adversarial": 2}  # independent random streams per use
 
+U = TypeVar("U")
+R = TypeVar("R")
+
 
 # ----------------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment: ``fn(job) -> rows`` and the extra keyword options it accepts."""
+    """One experiment: ``fn(job) -> rows`` and its parameter dataclass."""
 
     name: str
     fn: Callable[[Job], list[Row]] = field(repr=False)
-    options: Mapping[str, Any] = field(default_factory=dict)
+    params: type[Params] = Params
 
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
-COMMON_OPTIONS = MappingProxyType({"batch_size": None, "truncation": False})
 
 
-def register_experiment(name: str, **options: Any) -> Callable[[Callable], Callable]:
+def register_experiment(name: str, params: type[Params] = Params
+                        ) -> Callable[[Callable], Callable]:
+    """Register ``fn(job) -> rows`` as experiment ``name`` with its parameter dataclass."""
+    taken = sorted({f.name for f in fields(params)} & set(SHARED))
+    if taken:  # run() takes these keywords itself: such an option could never be given
+        raise TypeError(f"experiment {name!r}: options {taken} are shared run() keywords")
+
     def add(fn: Callable) -> Callable:
-        EXPERIMENTS.register(name)(Experiment(name, fn, MappingProxyType(options)))
+        EXPERIMENTS.register(name)(Experiment(name, fn, params))
         return fn
 
     return add
@@ -77,46 +89,59 @@ class Row(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class Job:
     """Everything an experiment function needs (built and checked by
-    :func:`~attnprobe.perturb.experiments.run`)."""
+    :func:`~attnprobe.perturb.experiments.run`). ``ids[i]`` is the index of ``texts[i]`` in
+    the caller's list (texts left out by ``truncation="skip"`` have none), so every seed and
+    ``example_id`` derives from it, however the texts are batched or split over processes."""
 
     name: str
     model: nn.Module
     tokenizer: Any
-    texts: list[str]
+    texts: tuple[str, ...]
+    ids: tuple[int, ...]
     scope: Scope
     reader: Reader
-    n_permutations: int
+    params: Any  # the experiment's Params subclass
     seed: int
-    eps: float
-    k: int
-    alpha: float
     target: Any
+    batch_size: int
+    truncation: str  # "error" or "cut" (skipped texts are already left out)
+    max_length: int | None
     progress: bool
-    options: dict[str, Any]
-
-    @property
-    def batch_size(self) -> int | None:
-        return self.options["batch_size"]
+    distributed: bool | None
 
     def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        batch = encode(self.model, self.tokenizer, texts, truncation=self.options["truncation"])
+        batch = encode(self.model, self.tokenizer, texts, truncation=self.truncation,
+                       max_length=self.max_length)
         return model_inputs(self.model, batch)
 
-    def examples(self) -> Iterable[tuple[int, str]]:
-        items = enumerate(self.texts)
-        if not self.progress:
-            return items
-        from attnprobe.core.optional import require
+    def examples(self) -> list[tuple[int, str]]:
+        """``(id, text)`` of every text."""
+        return list(zip(self.ids, self.texts, strict=True))
 
-        return require("tqdm").tqdm(items, total=len(self.texts), unit="text",
-                                    desc=f"perturb {self.name}")
+    def record(self, **extra: Any) -> dict[str, Any]:
+        """The ``params`` of a row: the experiment's options, the seed when it draws, and
+        what is particular to the row."""
+        seed = {"seed": self.seed} if self.params.seeded else {}
+        return {**self.params.record(), **seed, **extra}
+
+    def sharded(self, fn: Callable[[U], R], units: Sequence[U], *, unit: str = "text",
+                desc: str = "") -> list[R]:
+        """``[fn(u) for u in units]``, split over the ranks when distributed (every rank gets
+        every result, in unit order), with a progress bar when asked for."""
+        return run_sharded(fn, units, distributed=self.distributed, progress=self.progress,
+                           desc=desc or f"perturb {self.name}", unit=unit)
+
+    def per_text(self, fn: Callable[[int, str], list[Row]]) -> list[Row]:
+        """``fn(id, text)`` for every text, sharded; the rows in text order."""
+        parts = self.sharded(lambda item: fn(*item), self.examples())
+        return [row for part in parts for row in part]
 
 
 def rows_of(measures: Mapping[str, tuple[torch.Tensor, torch.Tensor]], row: int, *,
-             perturbation: str, params: dict[str, Any], scope: str, example: str,
-             step: int | None = None) -> list[Row]:
+            perturbation: str, params: dict[str, Any], scope: str, example: str,
+            step: int | None = None) -> list[Row]:
     return [Row(perturbation, params, scope, example, step, metric, float(base[row]),
-                 float(after[row])) for metric, (base, after) in measures.items()]
+                float(after[row])) for metric, (base, after) in measures.items()]
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -130,10 +155,6 @@ def generator_for(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(derived_seed(*keys))
 
 
-def repeat_inputs(inputs: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-    return {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in inputs.items()}
-
-
 @contextmanager
 def named_errors(job: Job, where: str) -> Iterator[None]:
     """Re-raise capture-seam errors with the experiment and the example in the message."""
@@ -145,17 +166,16 @@ def named_errors(job: Job, where: str) -> Iterator[None]:
 
 
 def clean_output(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = False
-           ) -> tuple[torch.Tensor, Any]:
+                 ) -> tuple[torch.Tensor, Any]:
     """The unperturbed output vector per example, through the capture seam (as the perturbed
     forwards), and the capture (``keep``: the scoped heads' maps)."""
-    with torch.no_grad(), capture(job.model, job.scope,
-                                  keep=keep) as cap:
+    with torch.no_grad(), capture(job.model, job.scope, keep=keep) as cap:
         output = job.model(**inputs)
     return job.reader(output, inputs).detach(), cap
 
 
 def perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Tensor]
-                      ) -> torch.Tensor:
+                     ) -> torch.Tensor:
     try:
         with torch.no_grad(), perturbed(job.model, intervention, job.scope, seed=job.seed):
             output = job.model(**inputs)

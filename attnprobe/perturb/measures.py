@@ -3,6 +3,7 @@
 Conventions: probability vectors on the last axis ``[..., classes]``; natural log (nats), so
 the Jensen-Shannon divergence is at most ``ln 2 ≈ 0.693``; TVD is ``½ Σ |p − q|`` (for a
 binary output, ``|p₁ − q₁|``). Sums are formed in float64 and returned in the inputs' dtype.
+``jsd`` and ``tvd`` are the one definition in :mod:`attnprobe.core.divergence`, re-exported.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from attnprobe.core.divergence import jsd, tvd
 from attnprobe.errors import InputError
 
 OutputKind = Literal["classifier", "lm", "embedding"]
@@ -42,23 +44,6 @@ def _pair(p: torch.Tensor, q: torch.Tensor, what: str) -> tuple[torch.Tensor, to
 
 def _out_dtype(p: torch.Tensor) -> torch.dtype:
     return p.dtype if p.is_floating_point() else torch.get_default_dtype()
-
-
-def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Total variation distance ``½ Σ_i |p_i − q_i|`` over the last axis -> ``[...]``."""
-    p, q = _pair(p, q, "tvd")
-    return (0.5 * (p.double() - q.double()).abs().sum(-1)).to(_out_dtype(p))
-
-
-def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence ``½ KL(p‖m) + ½ KL(q‖m)``, ``m = (p+q)/2``, in nats over the
-    last axis -> ``[...]``; 0 for equal inputs, ``ln 2`` for disjoint supports."""
-    p, q = _pair(p, q, "jsd")
-    a, b = p.double(), q.double()
-    m = 0.5 * (a + b)
-    kl_a = (torch.special.xlogy(a, a) - torch.special.xlogy(a, m)).sum(-1)
-    kl_b = (torch.special.xlogy(b, b) - torch.special.xlogy(b, m)).sum(-1)
-    return (0.5 * (kl_a + kl_b)).clamp(min=0.0).to(_out_dtype(p))
 
 
 def decision_flip(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

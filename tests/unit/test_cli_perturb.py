@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import resource
+import time
 
 import pandas as pd
 import pytest
@@ -12,8 +14,6 @@ from tests.helpers import run_cli as run
 
 CLASSIFIER = ["--model", "ref:transformer-classifier"]
 TEXTS = ["--text", "the cat sat on the red mat", "--text", "a dog ran to the tree"]
-
-
 
 
 def test_uniform_writes_a_csv_with_run_columns_and_prints_a_summary(tmp_path, capsys):
@@ -44,15 +44,36 @@ def test_permute_from_a_text_file_to_json_quietly(tmp_path, capsys):
     assert "tvd_median" in printed and "max_attention" in printed
 
 
-def test_erase_with_k_writes_steps(tmp_path, capsys):
+def test_erase_with_max_erased_writes_steps(tmp_path, capsys):
     out = tmp_path / "erase.csv"
     code, _, err = run(["perturb", *CLASSIFIER, "--text", "the cat sat on the mat",
-                        "--experiment", "erase", "--k", "2", "--rankings", "attention,random",
-                        "--quiet", "--out", str(out)], capsys)
+                        "--experiment", "erase", "--max-erased", "2", "--rankings",
+                        "attention,random", "--quiet", "--out", str(out)], capsys)
     assert code == 0, err
     table = pd.read_csv(out)
     assert sorted(table["step"].dropna().unique().tolist()) == [1, 2]
     assert {"flipped", "fraction_to_flip"} <= set(table["metric"])
+    params = [json.loads(p) for p in table["params"]]
+    assert {p["ranking"] for p in params} == {"attention", "random"}
+    assert {p["max_erased"] for p in params} == {2}
+
+
+def test_the_cli_table_equals_the_api_table(tmp_path, capsys):
+    """The flags are the dataclass options: the CLI run is the API run with those keywords."""
+    from attnprobe.models import build_reference
+    from attnprobe.perturb import run as api_run
+
+    out = tmp_path / "dirichlet.csv"
+    code, _, err = run(["perturb", *CLASSIFIER, *TEXTS, "--experiment", "dirichlet",
+                        "--draws", "6", "--alpha", "0.5", "--seed", "3", "--batch-size", "4",
+                        "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    model, tok = build_reference("transformer-classifier")
+    expected = api_run(model, tok, [TEXTS[1], TEXTS[3]], "dirichlet", n_draws=6, alpha=0.5,
+                       seed=3, batch_size=4)
+    got = pd.read_csv(out, dtype={"example_id": str})
+    got["step"] = got["step"].astype("Int64")
+    pd.testing.assert_frame_equal(got, expected, rtol=1e-12)
 
 
 def test_default_model_minilm_uniform_on_one_layer(tmp_path, capsys):
@@ -70,11 +91,23 @@ def test_default_model_minilm_uniform_on_one_layer(tmp_path, capsys):
     (["--experiment", "uniform", "--scope", "layer:9"], "layers [9] out of range"),
     (["--experiment", "uniform", "--scope", "head:0.5"], "heads [5] out of range"),
     (["--experiment", "uniform", "--scope", "lay:1"], "scope 'lay:1'"),
-    (["--experiment", "adversarial", "--eps", "0"], "expected a finite number > 0; got 0"),
-    (["--experiment", "adversarial", "--eps", "-0.1"], "expected a finite number > 0"),
-    (["--experiment", "adversarial", "--eps", "nan"], "expected a finite number > 0"),
-    (["--experiment", "uniform", "--eps", "0.1"], "--eps applies to --experiment adversarial"),
-    (["--experiment", "permute", "--permutations", "0"], "expected a number >= 1"),
+    (["--experiment", "adversarial", "--eps", "0"], "eps must be a finite number > 0; got 0.0"),
+    (["--experiment", "adversarial", "--eps", "-0.1"], "eps must be a finite number > 0"),
+    (["--experiment", "adversarial", "--eps", "nan"], "eps must be a finite number > 0"),
+    (["--experiment", "adversarial", "--eps", "x"], "expected a number; got 'x'"),
+    (["--experiment", "uniform", "--eps", "0.1"], "--eps applies to --experiment adversarial, "
+                                                  "not uniform"),
+    (["--experiment", "permute", "--alpha", "2"], "--alpha applies to --experiment dirichlet,"
+                                                  " not permute"),
+    (["--experiment", "dirichlet", "--permutations", "5"], "--permutations applies to "
+                                                           "--experiment permute, not dirichlet"),
+    (["--experiment", "importance", "--max-erased", "2"], "--max-erased applies to "
+                                                          "--experiment erase"),
+    (["--experiment", "erase", "--k", "2"], "unrecognized arguments: --k"),
+    (["--experiment", "permute", "--permutations", "0"],
+     "n_permutations must be an integer >= 1; got 0"),
+    (["--experiment", "permute", "--permutations", "2.5"], "expected a whole number; got '2.5'"),
+    (["--experiment", "importance", "--prune-steps", "0"], "prune_steps must be an integer >= 1"),
     (["--experiment", "erase", "--rankings", "gradient"], "unknown erase ranking 'gradient'"),
     (["--experiment", "mean"], "transformers"),
     (["--experiment", "uniform", "--out", "x.txt"], "--out must end in"),
@@ -98,3 +131,82 @@ def test_help_has_examples(capsys):
     assert code == 0
     assert "attnprobe perturb --model ref:bilstm-classifier" in printed
     assert "--experiment" in printed and "heads:0.2,1.8" in printed
+    # every option of every experiment's parameter dataclass is a flag that names its owner
+    from dataclasses import fields
+
+    from attnprobe.perturb import EXPERIMENTS, params_of
+    from attnprobe.perturb.params import option_flag
+
+    flat = " ".join(printed.split())
+    for name in EXPERIMENTS.names():
+        for f in fields(params_of(name)):
+            flag = option_flag(f.name, f.metadata)
+            assert f" {flag} " in flat, flag
+            assert f"{name}: {f.metadata['help']}" in flat or f"/{name}: " in flat, flag
+
+
+# ----------------------------------------------------------------------------- memory budget
+def _one_line_error(code: int, err: str) -> str:
+    assert code == 2, err
+    err = err.strip()
+    assert err.startswith("attnprobe: error:") and "\n" not in err, err
+    return err
+
+
+def test_a_huge_number_of_permutations_is_refused_fast_without_allocating(tmp_path, capsys):
+    """Fault 3: ``--permutations 100000000`` was OOM-killed. The distances a median needs
+    (8 bytes per draw and metric) are estimated before the first forward."""
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    start = time.perf_counter()
+    code, _, err = run(["perturb", "--model", "ref:bilstm-classifier", "--text", "the cat sat",
+                        "--experiment", "permute", "--permutations", str(10**12), "--quiet",
+                        "--out", str(tmp_path / "p.csv")], capsys)
+    elapsed = time.perf_counter() - start
+    err = _one_line_error(code, err)
+    assert "n_permutations (--permutations) = 1000000000000" in err
+    assert "lower n_permutations (--permutations) to" in err
+    assert elapsed < 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 512 * 1024
+    assert not (tmp_path / "p.csv").exists()
+
+
+GIB = 2**30
+
+
+def test_the_faults_hundred_million_permutations_on_a_2_gib_machine(tmp_path, capsys,
+                                                                      monkeypatch):
+    from attnprobe.perturb import budget
+
+    monkeypatch.setattr(budget, "available_bytes", lambda device="cpu": 2 * GIB)
+    code, _, err = run(["perturb", "--model", "ref:bilstm-classifier", "--text", "the cat sat",
+                        "--experiment", "permute", "--permutations", "100000000", "--quiet",
+                        "--out", str(tmp_path / "p.csv")], capsys)
+    err = _one_line_error(code, err)
+    # 10**8 draws x 3 distances x 8 bytes = 2.4e9 bytes, over 80 % of 2 GiB
+    assert "holds about 2.24 GiB of results per text" in err
+    most = int(err.split("to ")[-1].split(" or less")[0])
+    assert 0 < most < 10**8 and most * 24 <= 0.8 * 2 * GIB
+
+
+def test_a_forward_beyond_the_budget_says_which_batch_size_fits(tmp_path, capsys, monkeypatch):
+    from attnprobe.perturb import budget
+
+    monkeypatch.setattr(budget, "available_bytes", lambda device="cpu": 2 * 2**20)
+    argv = ["perturb", *CLASSIFIER, "--text", "the cat sat on the red mat", "--experiment",
+            "permute", "--permutations", "256", "--quiet", "--out", str(tmp_path / "p.csv")]
+    from attnprobe.models import build_reference
+
+    _, tok = build_reference("transformer-classifier")
+    n_tokens = len(tok(["the cat sat on the red mat"])["input_ids"][0])
+    code, _, err = run([*argv, "--batch-size", "256"], capsys)
+    err = _one_line_error(code, err)
+    assert f"a forward of 256 rows x {n_tokens} tokens" in err
+    most = int(err.split("set batch_size (--batch-size) to ")[1].split(" ")[0])
+    assert 16 <= most < 256
+    code, _, err = run([*argv, "--batch-size", str(most + 1)], capsys)
+    assert code == 2 and f"a forward of {most + 1} rows" in err
+    code, _, err = run([*argv, "--batch-size", str(most)], capsys)
+    assert code == 0, err
+    # the default batching (16 rows) keeps the forward within this budget
+    code, _, err = run(argv, capsys)
+    assert code == 0, err

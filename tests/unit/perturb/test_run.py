@@ -177,8 +177,8 @@ def test_batched_permutations_equal_sequential_ones_for_the_same_seed(classifier
 
 @pytest.mark.parametrize(("experiment", "kw"), [
     ("permute", {"n_permutations": 8}),
-    ("dirichlet", {"n_permutations": 8, "alpha": 0.5}),
-    ("erase", {"k": 2, "rankings": ("attention", "random")}),
+    ("dirichlet", {"n_draws": 8, "alpha": 0.5}),
+    ("erase", {"max_erased": 2, "rankings": ("attention", "random")}),
 ])
 def test_the_same_call_twice_gives_an_identical_table(classifier, experiment, kw):
     model, tok = classifier
@@ -193,7 +193,7 @@ def test_the_same_call_twice_gives_an_identical_table(classifier, experiment, kw
 
 def test_dirichlet_draws_change_the_weights_and_report_alpha(classifier):
     model, tok = classifier
-    table = run(model, tok, TEXTS[:1], "dirichlet", n_permutations=6, alpha=0.1)
+    table = run(model, tok, TEXTS[:1], "dirichlet", n_draws=6, alpha=0.1)
     check_table(table)
     assert json.loads(table["params"][0]) == {"alpha": 0.1, "n_draws": 6, "seed": 0}
     att = table.set_index("metric").loc["max_attention"]
@@ -201,16 +201,17 @@ def test_dirichlet_draws_change_the_weights_and_report_alpha(classifier):
 
 
 # ----------------------------------------------------------------------------- erasure
-def test_erase_reports_k_steps_and_the_fraction_before_the_decision_flips(classifier):
+def test_erase_reports_steps_and_the_fraction_before_the_decision_flips(classifier):
     model, tok = classifier
-    table = run(model, tok, TEXTS[:2], "erase", k=2,
+    table = run(model, tok, TEXTS[:2], "erase", max_erased=2,
                 rankings=("attention", "saliency", "random"))
     check_table(table)
     steps = table.dropna(subset=["step"])
     assert sorted(steps["step"].unique().tolist()) == [1, 2]
     assert set(steps["metric"]) == {"tvd", "jsd", "flip", "top_prob"}
     params = steps["params"].map(json.loads)
-    assert (params.map(lambda p: p["k"]) == steps["step"]).all()
+    assert (params.map(lambda p: p["n_erased"]) == steps["step"]).all()
+    assert {p["max_erased"] for p in params} == {2} and {p["seed"] for p in params} == {0}
     summary = table[table["step"].isna()]
     assert set(summary["metric"]) == {"flipped", "fraction_to_flip"}
     for (_, ranking), group in summary.groupby(["example_id", "params"]):
@@ -335,12 +336,28 @@ def test_ap_perturb_run_is_callable_after_the_submodule_is_imported(classifier):
     (("uniform",), {"scope": "layer:7"}, r"layers \[7\] out of range"),
     (("uniform",), {"scope": "head:0.9"}, r"heads \[9\] out of range"),
     (("uniform",), {"scope": "lay:1"}, r"scope 'lay:1'"),
-    (("adversarial",), {"eps": 0}, r"eps \(the TVD budget\) must be a finite number > 0"),
+    (("adversarial",), {"eps": 0}, r"eps must be a finite number > 0"),
     (("adversarial",), {"eps": -0.5}, r"eps .* > 0; got -0.5"),
     (("permute",), {"n_permutations": 0}, r"n_permutations must be an integer >= 1"),
-    (("erase",), {"k": 0}, r"k must be an integer >= 1"),
+    (("permute",), {"n_permutations": 2.5}, r"n_permutations must be an integer >= 1"),
+    (("permute",), {"n_permutations": True}, r"n_permutations must be an integer"),
+    (("erase",), {"max_erased": 0}, r"max_erased must be an integer >= 1"),
     (("dirichlet",), {"alpha": 0.0}, r"alpha must be a finite number > 0"),
-    (("uniform",), {"steps": 3}, r"experiment 'uniform' takes the options .*; got steps"),
+    (("dirichlet",), {"alpha": float("nan")}, r"alpha must be a finite number > 0"),
+    (("adversarial",), {"lr": 0}, r"lr must be a finite number > 0"),
+    (("importance",), {"prune_steps": 0}, r"prune_steps must be an integer >= 1"),
+    (("uniform",), {"steps": 3}, r"experiment 'uniform' takes no options of its own .*; "
+                                 r"got steps"),
+    (("uniform",), {"eps": 0.5, "k": 7}, r"experiment 'uniform' takes no options of its own"
+                                         r" .*; got eps, k$"),
+    (("erase",), {"k": 2}, r"experiment 'erase' takes the options max_erased, rankings, "
+                           r"n_steps .*; got k$"),
+    (("dirichlet",), {"n_permutations": 8}, r"'dirichlet' takes the options n_draws, alpha"),
+    (("permute",), {"batch_size": 0}, r"batch_size must be an integer >= 1"),
+    (("permute",), {"seed": -1}, r"seed must be an integer >= 0"),
+    (("uniform",), {"truncation": "drop"}, r"unknown truncation 'drop'"),
+    (("uniform",), {"distributed": True}, r"distributed=True needs an initialised"),
+    (("erase",), {"rankings": []}, r"rankings must be a non-empty list of names"),
     (("erase",), {"rankings": ["gradient"]}, r"unknown erase ranking 'gradient'"),
     (("uniform",), {"output": "logits"}, r"unknown output 'logits'"),
     (("mean",), {}, r"transformers"),
@@ -384,3 +401,47 @@ def test_a_model_that_bypasses_the_seam_fails_loudly(classifier, experiment):
     with pytest.raises(AttentionUnavailableError,
                        match=rf"perturb {experiment} \(unperturbed forward.*cannot capture"):
         run(model, tok, TEXTS[:1], experiment)
+
+
+# ----------------------------------------------------------------------------- batching, ids
+def test_draws_run_at_most_batch_size_rows_per_forward(classifier):
+    model, tok = classifier
+    rows: list[int] = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])), with_kwargs=True)
+    try:
+        default = run(model, tok, TEXTS[:1], "permute", n_permutations=40)
+        rows_default, rows[:] = list(rows), []
+        small = run(model, tok, TEXTS[:1], "permute", n_permutations=40, batch_size=40)
+    finally:
+        handle.remove()
+    # the first forward reads the output kind, then the clean forward, then the draws
+    assert rows_default == [1, 1, 16, 16, 8] and rows == [1, 1, 40]
+    pd.testing.assert_frame_equal(default, small, rtol=1e-5, atol=1e-7)
+
+
+def test_skipped_texts_keep_every_other_text_its_index_and_its_draws(hf_tok):
+    torch.manual_seed(0)
+    bert_cls = track(transformers.BertForSequenceClassification(
+        tiny_bert_config(num_labels=2)).eval())
+    long = " ".join(["cat"] * 80)  # more tokens than max_position_embeddings = 64
+    texts = [HF_TEXTS[0], long, HF_TEXTS[1]]
+    skipped = run(bert_cls, hf_tok, texts, "permute", n_permutations=4, truncation="skip")
+    assert list(dict.fromkeys(skipped["example_id"])) == ["0", "2"]
+    full = run(bert_cls, hf_tok, [HF_TEXTS[0], "a dog", HF_TEXTS[1]], "permute",
+               n_permutations=4)
+    pd.testing.assert_frame_equal(skipped.reset_index(drop=True),
+                                  full[full["example_id"] != "1"].reset_index(drop=True))
+    with pytest.raises(InputError, match=r"text 1 has \d+ tokens but the model takes at most 64"):
+        run(bert_cls, hf_tok, texts, "permute", n_permutations=4)
+    cut = run(bert_cls, hf_tok, texts, "uniform", truncation="cut")
+    assert list(dict.fromkeys(cut["example_id"])) == ["0", "1", "2"]
+    capped = run(bert_cls, hf_tok, texts, "uniform", truncation="skip", max_length=7)
+    assert list(dict.fromkeys(capped["example_id"])) == ["2"]  # "a dog ran": 5 tokens
+
+
+def test_importance_does_not_depend_on_the_batching(classifier):
+    model, tok = classifier
+    one = run(model, tok, TEXTS, "importance", batch_size=1)
+    every = run(model, tok, TEXTS, "importance", batch_size=16)
+    pd.testing.assert_frame_equal(one, every, rtol=1e-6, atol=1e-9)

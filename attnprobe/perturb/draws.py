@@ -1,0 +1,155 @@
+"""The random-draw experiments: ``permute`` (Jain & Wallace's permutations) and ``dirichlet``
+(Wiegreffe & Pinter's random re-draws). Per text, ``N`` draws of every scoped row, ``batch_size``
+draws per forward (one draw per batch row), summarised as the median / mean / max output
+change over the draws and the mean largest weight of a row after the draw.
+
+Draw ``j`` of text ``i`` uses its own CPU generator seeded from ``(seed, i, j)`` (``i`` the
+text's index in the caller's list), so neither the batching nor the split over processes
+changes any draw. Memory stays flat in ``N`` except for the ``N × metrics`` distances the
+median needs (8 bytes each; checked against the budget before the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnprobe.capture import capture
+from attnprobe.core.scope import Scope
+from attnprobe.errors import EditNotAppliedError, InputError
+from attnprobe.perturb.adversarial import repeat_inputs
+from attnprobe.perturb.budget import Footprint
+from attnprobe.perturb.interventions import Dirichlet, Permute
+from attnprobe.perturb.job import (
+    STREAMS,
+    Job,
+    Row,
+    clean_output,
+    generator_for,
+    named_errors,
+    register_experiment,
+)
+from attnprobe.perturb.params import Params, option
+from attnprobe.perturb.readout import distances_of, mean_row_max, measure, row_max_sums
+
+__all__ = ["DirichletParams", "PermuteParams"]
+
+DISTANCE_BYTES = 8  # one float64 distance per draw and metric, kept for the median
+SUMMARIES = ("median", "mean", "max")
+
+
+class _RowEdit:
+    """An edit that gives every batch row its own generator (row ``b`` draws exactly as a
+    batch-1 forward with ``generators[b]`` would), and tallies each row's ``max_attention``
+    after the edit over the scoped heads (``after``: sums and row counts per batch row)."""
+
+    def __init__(self, intervention: Any, scope: Scope,
+                 generators: Sequence[torch.Generator]) -> None:
+        self.intervention = intervention
+        self.scope = scope
+        self.generators = list(generators)
+        n = len(self.generators)
+        self.after = (torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64))
+
+    def __call__(self, layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        if pattern.shape[0] != len(self.generators):
+            raise InputError(f"the forward ran a batch of {pattern.shape[0]} rows; expected "
+                             f"{len(self.generators)} copies of one example")
+        heads = self.scope.heads_of(layer, pattern.shape[1])
+        edited = torch.cat([self.intervention(pattern[b:b + 1], heads, g, layer=layer)
+                            for b, g in enumerate(self.generators)])
+        index = list(heads)
+        total, count = row_max_sums(edited[:, index].detach(), pattern[:, index].detach())
+        self.after[0].add_(total)
+        self.after[1].add_(count)
+        return edited
+
+
+def _draws(job: Job, intervention: Any, n: int, i: int, text: str) -> list[Row]:
+    """``n`` draws of ``intervention`` on text ``i``, ``job.batch_size`` per forward."""
+    metrics = distances_of(job.reader.kind)
+    inputs = job.encode([text])
+    with named_errors(job, f"example {i}"):
+        before, cap = clean_output(job, inputs, keep=True)
+        sums = [row_max_sums(m.pattern[None], m.pattern[None]) for m in cap.maps]  # per stack
+        max_before = float(mean_row_max(sum(s[0] for s in sums), sum(s[1] for s in sums))[0])
+        values = np.empty((len(metrics), n))  # [metric, draw]
+        max_after = 0.0
+        for start in range(0, n, job.batch_size):
+            count = min(n, start + job.batch_size) - start
+            edit = _RowEdit(intervention, job.scope,
+                            [generator_for(job.seed, STREAMS["draws"], i, j)
+                             for j in range(start, start + count)])
+            copies = repeat_inputs(inputs, count)
+            try:
+                with torch.no_grad(), capture(job.model, job.scope, keep=False, edit=edit):
+                    output = job.model(**copies)
+                after = job.reader(output, copies).detach()
+            except EditNotAppliedError:  # no draw moved any weight: exactly no change
+                after = before.expand(count, *before.shape[1:])
+            measures = measure(job.reader.kind, before, after)
+            for m, metric in enumerate(metrics):
+                values[m, start:start + count] = measures[metric][1].numpy()
+            max_after += float(mean_row_max(*edit.after).sum())
+    params = job.record()
+    scope, example = str(job.scope), str(i)
+    rows = []
+    for m, metric in enumerate(metrics):
+        summary = {"mean": values[m].mean(), "max": values[m].max()}
+        # last: the median reorders the values in place rather than copy N of them
+        summary["median"] = np.median(values[m], overwrite_input=True)
+        rows += [Row(intervention.name, params, scope, example, None, f"{metric}_{stat}", 0.0,
+                     float(summary[stat])) for stat in SUMMARIES]
+    rows.append(Row(intervention.name, params, scope, example, None, "max_attention",
+                    max_before, max_after / n))
+    return rows
+
+
+def _footprint(batch_size: int, n: int, option: str) -> Footprint:
+    """``batch_size`` draws per forward; the distances of the ``n`` draws of one text held
+    (at most three metrics, :func:`~attnprobe.perturb.readout.distances_of`)."""
+    return Footprint(min(batch_size, n), held_count=n, held_each=DISTANCE_BYTES * 3,
+                     held_by=option)
+
+
+@dataclass(frozen=True)
+class PermuteParams(Params):
+    """Options of ``permute``."""
+
+    n_permutations: int = option(100, "permutations per text", minimum=1,
+                                 flag="--permutations")
+    seeded = True
+
+    def footprint(self, batch_size: int) -> Footprint:
+        return _footprint(batch_size, self.n_permutations, "n_permutations")
+
+
+@register_experiment("permute", PermuteParams)
+def _permute(job: Job) -> list[Row]:
+    """Jain & Wallace's permutations, ``n_permutations`` per text."""
+    n = job.params.n_permutations
+    return job.per_text(lambda i, text: _draws(job, Permute(), n, i, text))
+
+
+@dataclass(frozen=True)
+class DirichletParams(Params):
+    """Options of ``dirichlet``."""
+
+    n_draws: int = option(100, "re-draws per text", minimum=1, flag="--draws")
+    alpha: float = option(1.0, "Dirichlet concentration", minimum=0, strict=True)
+    seeded = True
+
+    def footprint(self, batch_size: int) -> Footprint:
+        return _footprint(batch_size, self.n_draws, "n_draws")
+
+
+@register_experiment("dirichlet", DirichletParams)
+def _dirichlet(job: Job) -> list[Row]:
+    """Wiegreffe & Pinter's random re-draws from Dirichlet(alpha), batched like permute."""
+    intervention = Dirichlet(alpha=job.params.alpha)
+    n = job.params.n_draws
+    return job.per_text(lambda i, text: _draws(job, intervention, n, i, text))
