@@ -96,11 +96,11 @@ def _ours(amap: attnprobe.AttentionMap, sinks: list[int]) -> np.ndarray:
     from scipy.sparse.csgraph import maximum_flow
 
     aug = view_common.augmented(amap, residual=True, head_reduce="mean")
-    graph = attention_flow._flow_graph(aug)
+    graph = attention_flow.flow_graph(aug)
     n = amap.shape[-1]
     source = aug.shape[0] * n  # node (last layer, row 0)
     values = [maximum_flow(graph, source, v).flow_value for v in sinks]
-    return np.asarray(values, dtype=np.float64) / views.FLOW_SCALE
+    return np.asarray(values, dtype=np.float64) / attention_flow.FLOW_SCALE
 
 
 def _networkx(amap: attnprobe.AttentionMap, sinks: list[int]) -> tuple[np.ndarray, float]:

@@ -2,11 +2,14 @@
 the agreement between them.
 
 Modules: ``targets`` (what is explained: a class, a logit, a similarity, a next token),
-``methods`` (gradient attributions and the entry point; ``method_base`` holds the shared pieces,
-``perturbation_methods`` leave-one-out and occlusion), ``views`` (importance read off the
-attention: raw rows, rollout; ``attention_flow`` flow, ``model_views`` attention × gradient and
-norms; ``view_common`` the shared helpers), ``metrics`` (rank and distribution agreement) and
-``comparison`` (:func:`compare`: all of it over a corpus, as tidy tables).
+``methods`` (gradient attributions and the entry point; ``method_base`` holds the
+:class:`Method` protocol and the :data:`METHODS` registry, ``perturbation_methods``
+leave-one-out and occlusion), ``views`` (importance read off the attention: raw rows, rollout,
+and the dispatch :func:`attention_importance`; ``view_base`` holds the :class:`View` base
+class and the :data:`VIEWS` registry, ``attention_flow`` flow, ``model_views`` attention ×
+gradient and norms, ``view_common`` the query spec and map helpers), ``metrics`` (rank and
+distribution agreement) and ``comparison`` (:func:`compare`: all of it over a corpus, as tidy
+tables). A new attribution method or attention view is one registered class.
 Captum and transformers are imported when a function needs them.
 """
 
@@ -32,12 +35,14 @@ from attnprobe.attribution.metrics import (
 from attnprobe.attribution.model_views import attention_x_gradient, norm_based, norm_importance
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import TARGET_KINDS, Target, parse_target
-from attnprobe.attribution.views import VIEWS, attention_importance, raw, rollout
+from attnprobe.attribution.view_base import VIEWS, View, ViewInput
+from attnprobe.attribution.views import attention_importance, map_importance, raw, rollout
 
 __all__ = [
     "DEFAULT_METHODS", "DEFAULT_VIEWS", "METHODS", "TARGET_KINDS", "VIEWS", "Comparison",
     "GradientShap", "InputXGradient", "IntegratedGradients", "LeaveOneOut", "Occlusion",
-    "Saliency", "Target", "agreement", "attention_importance", "attention_x_gradient",
-    "attribute", "compare", "flow", "jsd", "kendall_tau", "norm_based", "norm_importance",
-    "parse_target", "raw", "rollout", "spearman", "topk_overlap", "truth_scores",
+    "Saliency", "Target", "View", "ViewInput", "agreement", "attention_importance",
+    "attention_x_gradient", "attribute", "compare", "flow", "jsd", "kendall_tau",
+    "map_importance", "norm_based", "norm_importance", "parse_target", "raw", "rollout",
+    "spearman", "topk_overlap", "truth_scores",
 ]

@@ -3,7 +3,8 @@ input token through the layered graph whose capacities are the residual-augmente
 head-averaged attention ``A_l = 0.5·mean_h A_l,h + 0.5·I``.
 
 Each flow is one ``scipy.sparse.csgraph.maximum_flow`` on integer capacities; the query spec
-is described in :mod:`attnprobe.attribution.views`.
+is described in :mod:`attnprobe.attribution.views`. Registered as the ``flow`` view; like
+rollout it runs through every head of every layer up to the one it is read at.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnprobe.attribution.view_base import VIEWS, View, ViewInput
 from attnprobe.attribution.view_common import (
     Query,
     augmented,
@@ -22,9 +24,9 @@ from attnprobe.attribution.view_common import (
     read_query,
 )
 from attnprobe.errors import InputError
-from attnprobe.types import AttentionMap
+from attnprobe.types import AttentionMap, TokenAttribution
 
-__all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "flow"]
+__all__ = ["FLOW_MAX_TOKENS", "FLOW_SCALE", "FlowView", "flow", "flow_graph"]
 
 # One max-flow per input token over a graph of (L+1)·n nodes and L·n² edges: past this many
 # tokens a single flow takes minutes (use rollout instead).
@@ -38,11 +40,13 @@ FLOW_MAX_TOKENS = 256
 FLOW_SCALE = 10**9
 
 
-def _flow_graph(aug: torch.Tensor) -> Any:
+def flow_graph(aug: torch.Tensor) -> Any:
     """The layered DAG as a CSR matrix of int32 capacities.
 
     Node ``l·n + a`` is position ``a`` after layer ``l`` (``l = 0``: the input tokens); the edge
-    ``(l+1)·n + a → l·n + b`` has capacity ``round(aug[l, a, b] · FLOW_SCALE)``.
+    ``(l+1)·n + a → l·n + b`` has capacity ``round(aug[l, a, b] · FLOW_SCALE)``, with ``aug``
+    the ``[layer, query, key]`` residual-augmented weights
+    (:func:`~attnprobe.attribution.view_common.augmented`).
     """
     from scipy.sparse import csr_array
 
@@ -97,6 +101,18 @@ def flow(amap: AttentionMap, *, layer: int, query: Query = "cls") -> torch.Tenso
     pos = layer_position(amap, layer)
     rows = query_rows(query, n)
     aug = augmented(amap, residual=True, head_reduce="mean")[: pos + 1]
-    graph = _flow_graph(aug)
+    graph = flow_graph(aug)
     flows = torch.from_numpy(np.stack([_flows(graph, n, pos + 1, r) for r in rows]))
     return read_query(flows, "max" if query == "max" else "mean")
+
+
+@VIEWS.register("flow")
+class FlowView(View):
+    """``flow@L{layer}``: attention flow from the query node after each layer."""
+
+    name = "flow"
+
+    def importance(self, inp: ViewInput) -> list[TokenAttribution]:
+        amap = inp.amap
+        return [inp.result(flow(amap, layer=layer, query=inp.query), amap.key_tokens,
+                           f"{self.name}@L{layer}") for layer in inp.layers]

@@ -22,9 +22,17 @@ from torch import nn
 from attnprobe.attribution.methods import attribute
 from attnprobe.attribution.metrics import agreement, truth_scores
 from attnprobe.attribution.targets import parse_target
-from attnprobe.attribution.views import attention_importance
+from attnprobe.attribution.view_base import View, ViewInput
+from attnprobe.attribution.view_common import check_query
+from attnprobe.attribution.views import build_views, run_views
 from attnprobe.capture.info import model_scope
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation, prepare_corpus
+from attnprobe.capture.text import (
+    DEFAULT_BATCH_SIZE,
+    Truncation,
+    prepare_corpus,
+    truncation_mode,
+)
+from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import special_tokens
@@ -133,7 +141,7 @@ class _Job:
     tokenizer: Any
     target: Any
     methods: tuple[str, ...]
-    views: tuple[str, ...]
+    views: tuple[View, ...]
     scope: Scope
     query: str | int
     top_k: int | None
@@ -151,10 +159,9 @@ def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list]:
     found = [TokenAttribution(a.scores.abs(), a.tokens, a.method, a.target, example, a.delta)
              for a in found]
     fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
-    seen = attention_importance(job.model, job.tokenizer, text, fixed, views=job.views,
-                                scope=job.scope, query=job.query, example_id=example,
-                                truncation=job.options["truncation"],
-                                max_length=job.options["max_length"]) if job.views else []
+    seen = run_views(job.views, ViewInput(
+        text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
+        job.options["truncation"], job.options["max_length"])) if job.views else []
     tokens = found[0].tokens
     if any(v.tokens != tokens for v in seen):
         raise InputError(f"example {example}: the attention views and the attributions "
@@ -183,7 +190,8 @@ def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list]:
 def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target: Any, *,
             scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
             truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-            methods: Sequence[str] = DEFAULT_METHODS, views: Sequence[str] = DEFAULT_VIEWS,
+            methods: Sequence[str] = DEFAULT_METHODS,
+            views: Sequence[str | View] | str | View | None = DEFAULT_VIEWS,
             query: str | int = "cls", truth: Sequence[Sequence[bool]] | None = None,
             top_k: int | None = None, drop_special: bool = True, n_steps: int = 50,
             max_length: int | None = None, distributed: bool | None = None) -> Comparison:
@@ -199,18 +207,23 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
             every head of every layer, as they are defined.
         batch_size: perturbed copies per forward (leave-one-out, occlusion).
         truncation: ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the model
-            allows.
+            allows (or than ``max_length``); skipped texts are listed in
+            :attr:`Comparison.skipped`, cut ones are cut alike for every view and method.
         seed: seeds the random methods (GradientSHAP).
         progress: a progress bar over the texts (attributions included).
         methods: attribution methods (:data:`attnprobe.attribution.methods.METHODS`).
-        views: attention views (:data:`attnprobe.attribution.views.VIEWS`).
+        views: attention views (names in :data:`attnprobe.attribution.views.VIEWS` or
+            :class:`~attnprobe.attribution.view_base.View` objects; ``None``: every registered
+            view; empty: compare the methods with each other only).
         query: which row the views read (``"cls"``, ``"last"``, ``"mean"``, ``"max"``, int).
         truth: per text, which tokens decide the output (over all tokens, or over the
             non-special ones); adds precision@k, mass and AUROC per source.
-        top_k: top-k size for the overlap metric (default 20 % of the compared tokens).
+        top_k: top-k size for the overlap metric (default 20 % of the compared tokens; at
+            most the number of compared tokens).
         drop_special: leave special tokens ([CLS], [SEP], BOS ...) out of every metric
             (``[UNK]`` stays in: it stands for a word of the text).
         n_steps: Integrated Gradients path points.
+        max_length: a tighter cap on tokens per text than the model's own.
         distributed: split the texts over the ranks of an initialised ``torch.distributed``
             group and gather the tables on every rank (default: when a group is initialised).
 
@@ -222,6 +235,8 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         A :class:`Comparison` (``.table``, ``.summary()``, ``.truth_table``,
         ``.truth_summary()``); ``example_id`` is the text's index in ``texts``.
     """
+    check_positive_ints("compare", batch_size=batch_size, n_steps=n_steps, top_k=top_k)
+    check_query(query)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
                             max_length=max_length)
     n_texts = len(corpus.ids) + len(corpus.skipped)
@@ -231,13 +246,15 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         methods = [methods]
     if not methods:
         raise InputError("give at least one attribution method to compare with")
-    views = [views] if isinstance(views, str) else list(views)
+    empty = views is not None and not isinstance(views, (str, View)) and len(views) == 0
+    built = [] if empty else build_views(views, model=model)
+    mode = truncation_mode(truncation)
     job = _Job(model, tokenizer, parse_target(target, model, tokenizer), tuple(methods),
-               tuple(views), model_scope(model, scope), query, top_k,
+               tuple(built), model_scope(model, scope), query, top_k,
                frozenset(special_tokens(tokenizer)) if drop_special else frozenset(),
+               # the corpus already left the long texts out: a text left is cut or fits
                {"n_steps": n_steps, "batch_size": batch_size, "seed": seed,
-                "truncation": truncation if truncation != "skip" else "error",
-                "max_length": max_length})
+                "truncation": "cut" if mode == "cut" else "error", "max_length": max_length})
     items = [(example, text, None if truth is None else truth[int(example)])
              for example, text in zip(corpus.ids, corpus.texts, strict=True)]
     parts = run_sharded(partial(_one_text, job), items, distributed=distributed,

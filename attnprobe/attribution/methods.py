@@ -53,7 +53,7 @@ from torch import nn
 from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.capture.text import check_texts, encode
+from attnprobe.capture.text import Truncation, check_texts, encode
 from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
@@ -275,7 +275,7 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
               target: str | Target | Callable[..., torch.Tensor],
               methods: Sequence[str | Method] = DEFAULT_METHODS, *, n_steps: int = 50,
               internal_batch_size: int | None = None, batch_size: int = 8,
-              max_length: int | None = None, truncation: bool = False, seed: int = 0,
+              max_length: int | None = None, truncation: Truncation = "error", seed: int = 0,
               embedding: nn.Module | str | None = None, budget: int = DEFAULT_BUDGET,
               progress: bool = False) -> list[TokenAttribution]:
     """Score every token of every text for ``target`` with each method.
@@ -291,7 +291,8 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
         n_steps, internal_batch_size: Integrated Gradients path points, and points per
             forward (None: up to :data:`PASS_TOKENS` tokens per forward).
         batch_size: perturbed copies per forward (leave-one-out, occlusion).
-        max_length, truncation: as in :func:`attnprobe.extract`.
+        max_length, truncation: as in :func:`attnprobe.extract` (``"error"`` or ``"cut"``;
+            one text at a time, so ``"skip"`` acts like ``"error"``).
         seed: seeds the random methods (gradient_shap); the same for every text.
         embedding: the input embedding layer (module or path) when the default pick is wrong.
         budget: the most token-forwards one method may spend on one text (tokens × forward
@@ -349,7 +350,7 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
                 raise InputError(
                     f"{method.name} would run {cost:,} token-forwards on text {i} ({n} tokens),"
                     f" over budget={budget:,}: {lower}shorten the text (max_length=, "
-                    "truncation=True) or raise budget")
+                    "truncation='cut') or raise budget")
 
     indices: Sequence[int] | Any = range(len(texts))
     if progress:

@@ -5,7 +5,10 @@
 - :func:`norm_based` / :func:`norm_importance` — Kobayashi et al. (2020): ``‖α_ij f(x_j)‖`` with
   ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``.
 
-The query spec is described in :mod:`attnprobe.attribution.views`.
+Both run the model themselves (registered as the ``attn_x_grad`` and ``norm`` views, with
+``needs_model``), encoding the text with the same ``truncation`` / ``max_length`` as the map
+views, so every view sees the same tokens. The query spec is described in
+:mod:`attnprobe.attribution.views`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.attribution.view_common import Query, Target, read_query
+from attnprobe.attribution.view_base import VIEWS, View, ViewInput
+from attnprobe.attribution.view_common import Query, Target, one_text, read_query
 from attnprobe.capture import capture
 from attnprobe.capture.sites import Site
-from attnprobe.capture.text import check_texts, encode, model_inputs
+from attnprobe.capture.text import Truncation, encode, model_inputs
 from attnprobe.errors import InputError
+from attnprobe.types import TokenAttribution
 
-__all__ = ["NORM_FAMILIES", "attention_x_gradient", "norm_based", "norm_importance"]
+__all__ = ["NORM_FAMILIES", "AttnXGradView", "NormView", "attention_x_gradient", "norm_based",
+           "norm_importance"]
 
 # model_type -> family whose output projection norm_based knows how to slice
 NORM_FAMILIES = {
@@ -31,12 +37,6 @@ NORM_FAMILIES = {
     "gpt2": "gpt2",
     "llama": "llama", "mistral": "llama", "qwen2": "llama",
 }
-
-
-def one_text(text: str) -> list[str]:
-    if not isinstance(text, str):
-        raise InputError(f"text must be one string; got {type(text).__name__}")
-    return check_texts([text])
 
 
 def _self_sites(sites: Sequence[Site]) -> list[Site]:
@@ -69,8 +69,9 @@ def _require_grad_on_embeddings(model: nn.Module, stack: ExitStack) -> None:
     stack.callback(embeddings.register_forward_hook(hook).remove)
 
 
-def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
-                        target: Target) -> tuple[torch.Tensor, tuple[str, ...]]:
+def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
+                       truncation: Truncation = "error", max_length: int | None = None
+                       ) -> tuple[torch.Tensor, tuple[str, ...]]:
     """Chefer's relevance matrix ``R`` ``[query, key]`` (float64) and the tokens."""
     texts = one_text(text)
     if not callable(target):
@@ -79,7 +80,7 @@ def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
     if torch.is_inference_mode_enabled():
         raise InputError("attention × gradient needs gradients; call it outside "
                          "torch.inference_mode()")
-    batch = encode(model, tokenizer, texts)
+    batch = encode(model, tokenizer, texts, truncation=truncation, max_length=max_length)
     inputs = model_inputs(model, batch)
     with torch.enable_grad():
         with ExitStack() as stack:
@@ -125,7 +126,8 @@ def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str,
 
 
 def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
-                         query: Query = "cls") -> torch.Tensor:
+                         query: Query = "cls", truncation: Truncation = "error",
+                         max_length: int | None = None) -> torch.Tensor:
     """Gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, generic rule).
 
     For every self-attention layer in order, ``Ā_l = mean_h[(∂y/∂A_l ⊙ A_l)^+]`` with ``y`` the
@@ -139,6 +141,8 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
         target: ``(output, inputs) -> Tensor[batch]``, the value explained (e.g. a class logit);
             its ``.spec`` (if any) names it.
         query: which row of ``R`` to read.
+        truncation, max_length: for a text longer than the model allows
+            (:mod:`attnprobe.capture.text`).
 
     Returns:
         ``[key]`` float64 (``R`` includes the identity, so the query's own token has >= 1).
@@ -146,20 +150,25 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
     Raises:
         InputError: inside ``torch.inference_mode()``, or when no gradient reaches the attention.
     """
-    relevance, _ = attn_x_grad_matrix(model, tokenizer, text, target)
+    relevance, _ = attn_x_grad_matrix(model, tokenizer, text, target, truncation=truncation,
+                                      max_length=max_length)
     return read_query(relevance, query)
+
+
+def check_norm_family(model: nn.Module) -> None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in NORM_FAMILIES:
+        raise InputError(f"norm-based importance resolves the attention output projection of "
+                         f"model types {', '.join(sorted(NORM_FAMILIES))} only; got "
+                         f"{model_type or type(model).__name__}")
 
 
 def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
     """The attention output projection of a site: its weight and whether it is stored
     ``[in, out]`` (GPT-2's Conv1D) rather than ``[out, in]`` (``nn.Linear``)."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    family = NORM_FAMILIES.get(model_type)
-    supported = ", ".join(sorted(NORM_FAMILIES))
-    if family is None:
-        raise InputError(f"norm-based importance needs the attention output projection, which "
-                         f"attnprobe resolves for model types {supported}; got "
-                         f"{model_type or type(model).__name__}")
+    check_norm_family(model)
+    model_type = model.config.model_type
+    family = NORM_FAMILIES[model_type]
     path = {"bert": site.path.rsplit(".", 1)[0] + ".output.dense",
             "gpt2": site.path + ".c_proj", "llama": site.path + ".o_proj"}[family]
     try:
@@ -175,13 +184,14 @@ def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
     return weight, conv
 
 
-def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int]
-                ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], tuple[str, ...]]:
+def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int], *,
+               truncation: Truncation = "error", max_length: int | None = None
+               ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], tuple[str, ...]]:
     """Per layer: weights ``α`` ``[head, query, key]`` and ``f(x_j)`` ``[head, key, d_model]``
     (float64, CPU), and the tokens. One forward for all layers."""
     texts = one_text(text)
     layers = list(layers)
-    batch = encode(model, tokenizer, texts)
+    batch = encode(model, tokenizer, texts, truncation=truncation, max_length=max_length)
     inputs = model_inputs(model, batch)
     with torch.no_grad(), capture(model, layers=layers, values=True,
                                   tokenizer=tokenizer) as cap:
@@ -208,7 +218,22 @@ def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int
     return parts, amap.key_tokens
 
 
-def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int) -> torch.Tensor:
+def norm_heads(norms: torch.Tensor, heads: int | Sequence[int] | None) -> torch.Tensor:
+    """``[query, key]``: the mean of ``norms`` ``[head, query, key]`` over ``heads`` (model head
+    indices; ``None``: every head)."""
+    if heads is None:
+        return norms.mean(0)
+    chosen = list(heads) if isinstance(heads, Sequence) else [heads]
+    n = norms.shape[0]
+    if not chosen or any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n
+                         for h in chosen):
+        raise InputError(f"head {heads!r} out of range (0..{n - 1})")
+    return norms[chosen].mean(0)
+
+
+def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
+               truncation: Truncation = "error", max_length: int | None = None
+               ) -> torch.Tensor:
     """Norm-based attention (Kobayashi et al. 2020): ``‖α_ij f(x_j)‖ = α_ij·‖f(x_j)‖``.
 
     ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``: the value vector of key ``j`` in head ``h`` (from
@@ -217,6 +242,10 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int) -> to
     Supported: BERT-like models (bert, roberta, xlm-roberta: ``...attention.output.dense``),
     GPT-2 (``attn.c_proj``), LLaMA / Mistral / Qwen2 (``self_attn.o_proj``).
 
+    Args:
+        truncation, max_length: for a text longer than the model allows
+            (:mod:`attnprobe.capture.text`).
+
     Returns:
         ``[head, query, key]`` float64.
 
@@ -224,30 +253,62 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int) -> to
         InputError: for any other model.
     """
     check_norm_family(model)
-    parts, _ = norm_parts(model, tokenizer, text, [layer])
+    parts, _ = norm_parts(model, tokenizer, text, [layer], truncation=truncation,
+                          max_length=max_length)
     alpha, f = parts[layer]
     return alpha * f.norm(dim=-1)[:, None, :]
 
 
-def check_norm_family(model: nn.Module) -> None:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in NORM_FAMILIES:
-        raise InputError(f"norm-based importance resolves the attention output projection of "
-                         f"model types {', '.join(sorted(NORM_FAMILIES))} only; got "
-                         f"{model_type or type(model).__name__}")
-
-
 def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
-                    head: int | None = None, query: Query = "cls") -> torch.Tensor:
-    """One query row of :func:`norm_based` (heads averaged unless ``head`` is given).
+                    head: int | Sequence[int] | None = None, query: Query = "cls",
+                    truncation: Truncation = "error", max_length: int | None = None
+                    ) -> torch.Tensor:
+    """One query row of :func:`norm_based`, averaged over ``head`` (one model head index or
+    several; ``None``: every head).
 
     Returns:
         ``[key]`` float64.
     """
-    norms = norm_based(model, tokenizer, text, layer=layer)
-    if head is not None:
-        if isinstance(head, bool) or not isinstance(head, int) \
-                or not 0 <= head < norms.shape[0]:
-            raise InputError(f"head {head!r} out of range (0..{norms.shape[0] - 1})")
-        return read_query(norms[head], query)
-    return read_query(norms.mean(0), query)
+    norms = norm_based(model, tokenizer, text, layer=layer, truncation=truncation,
+                       max_length=max_length)
+    return read_query(norm_heads(norms, head), query)
+
+
+# ----------------------------------------------------------------------------- the views
+@VIEWS.register("attn_x_grad")
+class AttnXGradView(View):
+    """``attn_x_grad``: the query row of Chefer's relevance, through every head and layer."""
+
+    name = "attn_x_grad"
+    needs_model = True
+    needs_target = True
+
+    def importance(self, inp: ViewInput) -> list[TokenAttribution]:
+        relevance, tokens = attn_x_grad_matrix(inp.model, inp.tokenizer, inp.text, inp.target,
+                                               truncation=inp.truncation,
+                                               max_length=inp.max_length)
+        return [inp.result(read_query(relevance, inp.query), tokens, self.name,
+                           target_name(inp.target))]
+
+
+@VIEWS.register("norm")
+class NormView(View):
+    """``norm@L{layer}``: the query row of ``‖α f(x)‖``, mean over the scope's heads."""
+
+    name = "norm"
+    needs_model = True
+
+    def check(self, model: nn.Module | None) -> None:
+        check_norm_family(model)
+
+    def importance(self, inp: ViewInput) -> list[TokenAttribution]:
+        layers = inp.layers
+        parts, tokens = norm_parts(inp.model, inp.tokenizer, inp.text, layers,
+                                   truncation=inp.truncation, max_length=inp.max_length)
+        results = []
+        for layer in layers:
+            alpha, f = parts[layer]
+            norms = alpha * f.norm(dim=-1)[:, None, :]  # [head, query, key]
+            results.append(inp.result(read_query(norm_heads(norms, inp.heads(layer)),
+                                                 inp.query), tokens, f"{self.name}@L{layer}"))
+        return results

@@ -29,72 +29,70 @@ def _editable(problem: Problem, method: str) -> list[int]:
 
 @dataclass(frozen=True)
 class _Batched:
-    """What both methods share: no knob, and ``batch_size`` perturbed copies per forward."""
-
-    name: ClassVar[str]
-    knob: ClassVar[str | None] = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        check_positive_ints(self.name, batch_size=self.batch_size)
-
-
-@METHODS.register("leave_one_out")
-@dataclass(frozen=True)
-class LeaveOneOut(_Batched):
-    """``f(x) − f(x without token i)``, all deletions of a text batched.
+    """What both methods share: no knob, and the score ``f(x) − f(variant)`` where each variant
+    edits one non-special position.
 
     Args:
         batch_size: perturbed copies per forward.
     """
 
-    name: ClassVar[str] = "leave_one_out"
+    name: ClassVar[str]
+    knob: ClassVar[str | None] = None
+    removes: ClassVar[int] = 0  # tokens a variant has fewer than the text
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        check_positive_ints(self.name, batch_size=self.batch_size)
 
     def cost(self, n_tokens: int) -> int:
-        return n_tokens * (n_tokens - 1)
+        """Token-forwards: at most ``n`` variants of ``n − removes`` tokens each."""
+        return n_tokens * (n_tokens - self.removes)
+
+    def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
+        """``[len(positions), seq']``: row ``j`` is the input with ``positions[j]`` edited."""
+        raise NotImplementedError
 
     def explain(self, problem: Problem) -> Explanation:
+        """``f(x) − f(variant)`` at each edited position, 0 at special tokens; the variants
+        run ``batch_size`` rows per forward."""
         positions = _editable(problem, self.name)
+        variants = self.variants(problem, positions)
+        values = replace(problem, batch_size=self.batch_size).evaluate(variants)
+        scores = torch.zeros(problem.ids.shape[1], dtype=values.dtype, device=values.device)
+        scores[positions] = problem.value - values
+        return Explanation(scores)
+
+
+@METHODS.register("leave_one_out")
+@dataclass(frozen=True)
+class LeaveOneOut(_Batched):
+    """``f(x) − f(x without token i)``; the deletions run ``batch_size`` per forward."""
+
+    name: ClassVar[str] = "leave_one_out"
+    removes: ClassVar[int] = 1
+
+    def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
         ids = problem.ids[0]
         n = len(ids)
         if n < 2:
             raise InputError(f"{self.name}: a one-token text leaves nothing to run")
         keep = torch.ones(len(positions), n, dtype=torch.bool, device=ids.device)
         keep[torch.arange(len(positions)), positions] = False
-        variants = ids.expand(len(positions), -1)[keep].view(len(positions), n - 1)
-        return _output_drops(problem, self.batch_size, positions, variants)
+        return ids.expand(len(positions), -1)[keep].view(len(positions), n - 1)
 
 
 @METHODS.register("occlusion")
 @dataclass(frozen=True)
 class Occlusion(_Batched):
-    """``f(x) − f(x with token i replaced by [UNK])`` (pad when there is no unk), batched.
-
-    Args:
-        batch_size: perturbed copies per forward.
-    """
+    """``f(x) − f(x with token i replaced by [UNK])`` (pad when there is no unk); the
+    replacements run ``batch_size`` per forward."""
 
     name: ClassVar[str] = "occlusion"
 
-    def cost(self, n_tokens: int) -> int:
-        return n_tokens * n_tokens
-
-    def explain(self, problem: Problem) -> Explanation:
-        positions = _editable(problem, self.name)
+    def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
         fill = problem.unk_id if problem.unk_id is not None else problem.pad_id
         if fill is None:
             raise InputError("occlusion: the tokenizer has neither an unk nor a pad token")
-        ids = problem.ids[0]
-        variants = ids.repeat(len(positions), 1)  # [k, seq]
+        variants = problem.ids[0].repeat(len(positions), 1)  # [k, seq]
         variants[torch.arange(len(positions)), positions] = fill
-        return _output_drops(problem, self.batch_size, positions, variants)
-
-
-def _output_drops(problem: Problem, batch_size: int, positions: list[int],
-                  variants: torch.Tensor) -> Explanation:
-    """``f(x) − f(variant)`` at each edited position (``variants[j]`` edits ``positions[j]``),
-    0 elsewhere; the variants run ``batch_size`` rows per forward."""
-    values = replace(problem, batch_size=batch_size).evaluate(variants)
-    scores = torch.zeros(problem.ids.shape[1], dtype=values.dtype, device=values.device)
-    scores[positions] = problem.value - values
-    return Explanation(scores)
+        return variants

@@ -1,5 +1,5 @@
-"""Shared pieces of the attention views: the query spec, layer look-up, map checks and the
-residual-augmented, head-reduced weights that rollout and flow multiply through.
+"""Shared pieces of the attention views: the query spec, layer look-up, text and map checks
+and the residual-augmented, head-reduced weights that rollout and flow multiply through.
 
 Which query row is read (``query``) is described in :mod:`attnprobe.attribution.views`.
 """
@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from attnprobe.capture.text import check_texts
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
 
@@ -24,6 +25,22 @@ HEAD_REDUCES = ("mean", "max", "min")
 
 
 # ----------------------------------------------------------------------------- helpers
+def one_text(text: str) -> list[str]:
+    """``[text]`` after the checks every text gets (a view explains one text at a time)."""
+    if not isinstance(text, str):
+        raise InputError(f"text must be one string; got {type(text).__name__}")
+    return check_texts([text])
+
+
+def check_query(query: Query) -> None:
+    """Refuse a query spec that no matrix could read, before any forward."""
+    if isinstance(query, str) and query in QUERIES:
+        return
+    if isinstance(query, (int, np.integer)) and not isinstance(query, bool):
+        return
+    raise InputError(f"query must be one of {list(QUERIES)} or an int row; got {query!r}")
+
+
 def read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
     """One ``[key]`` vector from a ``[query, key]`` matrix (see the views module
     docstring)."""

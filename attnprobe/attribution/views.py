@@ -1,22 +1,31 @@
-"""Token importance read off the attention of one example.
+"""Token importance read off the attention of one example, and the dispatch over the views.
 
-Five views, each giving one score per input token (float64, non-negative):
+Five views are registered in :data:`VIEWS`, each giving one score per input token (float64,
+non-negative):
 
-- :func:`raw` — one row (or the mean / max over rows) of one layer's weights, heads averaged
-  or one head.
-- :func:`rollout` — Abnar & Zuidema (2020): residual-augmented, head-averaged attention
-  ``A_l = 0.5·mean_h A_l,h + 0.5·I`` multiplied through the layers,
+- ``raw`` (:func:`raw`) — one row (or the mean / max over rows) of one layer's weights, averaged
+  over the scope's heads of that layer (every head by default).
+- ``rollout`` (:func:`rollout`) — Abnar & Zuidema (2020): residual-augmented, head-averaged
+  attention ``A_l = 0.5·mean_h A_l,h + 0.5·I`` multiplied through the layers,
   ``Ã_1 = A_1, Ã_l = A_l · Ã_{l-1}``.
-- :func:`flow` — Abnar & Zuidema's attention flow: the maximum flow from one node of a layer to
-  every input token through the layered graph whose capacities are the ``A_l`` above.
-- :func:`attention_x_gradient` — Chefer, Gur & Wolf (2021) generic rule:
+- ``flow`` (:func:`flow`) — Abnar & Zuidema's attention flow: the maximum flow from one node of a
+  layer to every input token through the layered graph whose capacities are the ``A_l`` above.
+- ``attn_x_grad`` (:func:`attention_x_gradient`) — Chefer, Gur & Wolf (2021) generic rule:
   ``Ā_l = mean_h[(∂y/∂A_l ⊙ A_l)^+]``, ``R ← R + Ā_l·R`` from ``R = I``.
-- :func:`norm_based` / :func:`norm_importance` — Kobayashi et al. (2020): ``‖α_ij f(x_j)‖`` with
-  ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``.
+- ``norm`` (:func:`norm_based` / :func:`norm_importance`) — Kobayashi et al. (2020):
+  ``‖α_ij f(x_j)‖`` with ``f(x_j) = (x_j W_V^h + b_V^h) W_O^h``, averaged over the scope's
+  heads of each layer.
 
-:func:`attention_importance` runs any of them for every layer and returns
+The scope (:mod:`attnprobe.core.scope`) chooses the layers reported by every view, and the
+heads that ``raw`` and ``norm`` average. Rollout, flow and attention × gradient go through every
+head of every layer, as they are defined (a layer's output mixes all its heads, and the next
+layer reads that mix); the scope only picks the layers they are read at.
+
+:func:`attention_importance` runs any of them on one text and returns
 :class:`~attnprobe.types.TokenAttribution` objects named ``"{view}@L{layer}"`` (model layer
-index, 0-based), or ``"attn_x_grad"``, which spans all layers.
+index, 0-based), or ``"attn_x_grad"``, which spans all layers; :func:`map_importance` runs the
+views that need no model on a stored :class:`~attnprobe.types.AttentionMap`. A new view is one
+class registered in :data:`VIEWS` (:mod:`attnprobe.attribution.view_base`).
 
 Which query row is read (``query``): ``"cls"`` / ``"first"`` (row 0, the ``[CLS]`` row of BERT-like
 models), ``"last"`` (the last row, for causal LMs), ``"mean"`` (mean over rows), ``"max"`` (max over
@@ -39,14 +48,10 @@ from attnprobe.attribution.attention_flow import FLOW_MAX_TOKENS, FLOW_SCALE, fl
 from attnprobe.attribution.model_views import (
     NORM_FAMILIES,
     attention_x_gradient,
-    attn_x_grad_matrix,
-    check_norm_family,
     norm_based,
     norm_importance,
-    norm_parts,
-    one_text,
-    target_name,
 )
+from attnprobe.attribution.view_base import VIEWS, View, ViewInput
 from attnprobe.attribution.view_common import HEAD_REDUCES as HEAD_REDUCES  # re-exported
 from attnprobe.attribution.view_common import QUERIES as QUERIES  # re-exported
 from attnprobe.attribution.view_common import (
@@ -54,12 +59,13 @@ from attnprobe.attribution.view_common import (
     Query,
     Target,
     augmented,
+    check_query,
     check_stack,
     layer_position,
+    one_text,
     read_query,
 )
-from attnprobe.capture.corpus import extract
-from attnprobe.capture.text import Truncation
+from attnprobe.capture.text import Truncation, truncation_mode
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap, TokenAttribution
@@ -69,27 +75,32 @@ __all__ = [
     "FLOW_SCALE",
     "NORM_FAMILIES",
     "VIEWS",
+    "View",
+    "ViewInput",
     "attention_importance",
     "attention_x_gradient",
+    "build_views",
     "flow",
+    "map_importance",
     "norm_based",
     "norm_importance",
     "raw",
     "rollout",
+    "run_views",
 ]
 
-VIEWS = ("raw", "rollout", "flow", "attn_x_grad", "norm")
+ViewLike = str | View
 
 
 # ----------------------------------------------------------------------------- map views
-def raw(amap: AttentionMap, layer: int, *, head: int | None = None,
+def raw(amap: AttentionMap, layer: int, *, head: int | Sequence[int] | None = None,
         query: Query = "cls") -> torch.Tensor:
     """Raw attention of one layer as token importance.
 
     Args:
         amap: one example's map.
         layer: model layer index.
-        head: model head index; ``None`` averages the heads.
+        head: model head index, or several (averaged); ``None`` averages every head of the map.
         query: which row to read (module docstring).
 
     Returns:
@@ -98,7 +109,11 @@ def raw(amap: AttentionMap, layer: int, *, head: int | None = None,
     if not isinstance(amap, AttentionMap):
         raise InputError(f"raw takes an AttentionMap; got {type(amap).__name__}")
     pos = layer_position(amap, layer)
-    matrix = amap.pattern[pos].mean(0) if head is None else amap.head(layer, head)
+    if head is None:
+        matrix = amap.pattern[pos].mean(0)
+    else:
+        heads = [head] if isinstance(head, int) else list(head)
+        matrix = amap.select(layers=[int(layer)], heads=heads).pattern[0].mean(0)
     return read_query(matrix.to(torch.float64), query)
 
 
@@ -130,9 +145,69 @@ def rollout(amap: AttentionMap, *, residual: bool = True,
     return out
 
 
-# ----------------------------------------------------------------------------- all views
+@VIEWS.register("raw")
+class RawView(View):
+    """``raw@L{layer}``: the query row of the layer's weights, mean over the scope's heads."""
+
+    name = "raw"
+
+    def importance(self, inp: ViewInput) -> list[TokenAttribution]:
+        amap = inp.amap
+        return [inp.result(raw(amap, layer, head=inp.heads(layer), query=inp.query),
+                           amap.key_tokens, f"{self.name}@L{layer}") for layer in inp.layers]
+
+
+@VIEWS.register("rollout")
+class RolloutView(View):
+    """``rollout@L{layer}``: the query row of the rollout after each layer (all heads)."""
+
+    name = "rollout"
+
+    def importance(self, inp: ViewInput) -> list[TokenAttribution]:
+        amap = inp.amap
+        joint = rollout(amap)
+        return [inp.result(read_query(joint[layer_position(amap, layer)], inp.query),
+                           amap.key_tokens, f"{self.name}@L{layer}") for layer in inp.layers]
+
+
+# ----------------------------------------------------------------------------- dispatch
+def build_views(views: Sequence[ViewLike] | ViewLike | None, *, model: nn.Module | None = None,
+                has_target: bool = True) -> list[View]:
+    """The view objects for ``views`` (registry names or :class:`View` objects; ``None``: every
+    registered view), checked before any forward: distinct names, a target where one is
+    needed, and a model each view can read."""
+    if views is None:
+        views = VIEWS.names()
+    elif isinstance(views, (str, View)):
+        views = [views]
+    views = list(views)
+    built = [VIEWS.get(v)() if isinstance(v, str) and v in VIEWS else v for v in views]
+    names = [v.name if isinstance(v, View) else v for v in built]
+    if not built or any(not isinstance(v, View) for v in built) or len(set(names)) != len(names):
+        raise InputError(f"views must be distinct names from {VIEWS.names()} (or View "
+                         f"objects); got {views}")
+    for view in built:
+        if view.needs_target and not has_target:
+            raise InputError(f"view {view.name!r} needs a target (what the gradient is taken "
+                             "of)")
+        if model is not None:
+            view.check(model)
+    return built
+
+
+def run_views(views: Sequence[View], inp: ViewInput) -> list[TokenAttribution]:
+    """Every view's importance of one text, in the order of ``views``; all over the same
+    tokens (checked: a view that runs the model tokenises the text itself)."""
+    results = [a for view in views for a in view.importance(inp)]
+    if len({a.tokens for a in results}) > 1:
+        named = ", ".join(f"{a.method} ({len(a.tokens)})" for a in results)
+        raise InputError(f"the attention views tokenised the text differently: {named}")
+    return results
+
+
 def attention_importance(model: nn.Module, tokenizer: Any, text: str,
-                         target: Target | None = None, *, views: Sequence[str] = VIEWS,
+                         target: Target | None = None, *,
+                         views: Sequence[ViewLike] | ViewLike | None = None,
                          scope: ScopeLike = "all", query: Query = "cls",
                          example_id: str = "", truncation: Truncation = "error",
                          max_length: int | None = None) -> list[TokenAttribution]:
@@ -141,66 +216,51 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
     Args:
         text: one input text.
         target: ``(output, inputs) -> Tensor[batch]``; needed by ``attn_x_grad`` only.
-        views: any of ``raw``, ``rollout``, ``flow``, ``attn_x_grad``, ``norm``.
-        scope: the layers to report (:mod:`attnprobe.core.scope`; default all);
-            ``attn_x_grad`` always spans all layers.
+        views: names in :data:`VIEWS` (``raw``, ``rollout``, ``flow``, ``attn_x_grad``,
+            ``norm``, and any view registered since) or :class:`View` objects; default every
+            registered view, in name order.
+        scope: the layers to report (:mod:`attnprobe.core.scope`; default all), and the heads
+            ``raw`` and ``norm`` average; rollout, flow and ``attn_x_grad`` run through every
+            head (module docstring), and ``attn_x_grad`` spans all layers.
         query: which row the views read (module docstring).
         example_id: carried into the results.
+        truncation, max_length: for a text longer than the model allows
+            (:mod:`attnprobe.capture.text`); every view sees the same tokens.
 
     Returns:
         One :class:`TokenAttribution` per (view, layer), in the order of ``views`` then
-        ``layers``; ``method`` is ``"{view}@L{layer}"`` (``"attn_x_grad"`` for that view),
+        layers; ``method`` is ``"{view}@L{layer}"`` (``"attn_x_grad"`` for that view),
         ``target`` the target's ``spec`` for ``attn_x_grad`` and ``""`` for views that need
         none.
     """
-    if isinstance(views, str):
-        views = [views]
-    views = list(views)
-    unknown = [v for v in views if v not in VIEWS]
-    if unknown or not views or len(set(views)) != len(views):
-        raise InputError(f"views must be distinct names from {list(VIEWS)}; got {views}")
-    if "attn_x_grad" in views and target is None:
-        raise InputError("view 'attn_x_grad' needs a target (what the gradient is taken of)")
-    if "norm" in views:
-        check_norm_family(model)
+    built = build_views(views, model=model, has_target=target is not None)
     one_text(text)
-    scope = Scope.parse(scope)
-    maps = [m for m in extract(model, tokenizer, [text], truncation=truncation,
-                               max_length=max_length) if m.kind == "self"]
-    if not maps:
-        raise InputError("the model has no self-attention map to read")
-    amap = maps[0]
-    layers = [layer for layer in amap.layers if scope.wants_layer(layer)]
-    if scope.layers is not None:
-        for layer in scope.layers:
-            layer_position(amap, layer)
-    tokens = amap.key_tokens
-    results: list[TokenAttribution] = []
+    check_query(query)
+    if truncation_mode(truncation) == "skip":  # one text: there is nothing to skip it from
+        truncation = "error"
+    inp = ViewInput(text, Scope.parse(scope), query, target, example_id, model, tokenizer,
+                    truncation, max_length)
+    return run_views(built, inp)
 
-    def add(scores: torch.Tensor, method: str, spec: str = "") -> None:
-        results.append(TokenAttribution(scores, tokens, method, spec, example_id))
 
-    for view in views:
-        if view == "raw":
-            for layer in layers:
-                add(raw(amap, layer, query=query), f"raw@L{layer}")
-        elif view == "rollout":
-            joint = rollout(amap)
-            for layer in layers:
-                add(read_query(joint[layer_position(amap, layer)], query), f"rollout@L{layer}")
-        elif view == "flow":
-            for layer in layers:
-                add(flow(amap, layer=layer, query=query), f"flow@L{layer}")
-        elif view == "attn_x_grad":
-            relevance, grad_tokens = attn_x_grad_matrix(model, tokenizer, text, target)
-            if grad_tokens != tokens:
-                raise InputError("attention × gradient tokenised the text differently from the "
-                                 "extracted map")
-            add(read_query(relevance, query), "attn_x_grad", target_name(target))
-        else:  # norm
-            parts, _ = norm_parts(model, tokenizer, text, layers)
-            for layer in layers:
-                alpha, f = parts[layer]
-                norms = (alpha * f.norm(dim=-1)[:, None, :]).mean(0)
-                add(read_query(norms, query), f"norm@L{layer}")
-    return results
+def map_importance(amap: AttentionMap, *, views: Sequence[ViewLike] | ViewLike | None = None,
+                   scope: ScopeLike = "all", query: Query = "cls",
+                   example_id: str = "") -> list[TokenAttribution]:
+    """The views that need no model (``raw``, ``rollout``, ``flow`` ...) on a stored map, e.g.
+    one written by ``attnprobe extract``; as :func:`attention_importance` otherwise.
+
+    Args:
+        amap: a self-attention map (rollout and flow need every layer from 0).
+        views: default every registered view that does not run the model.
+    """
+    if not isinstance(amap, AttentionMap):
+        raise InputError(f"map_importance takes an AttentionMap; got {type(amap).__name__}")
+    if views is None:
+        views = [name for name in VIEWS.names() if not VIEWS.get(name).needs_model]
+    built = build_views(views)
+    for view in built:
+        if view.needs_model or view.needs_target:
+            raise InputError(f"view {view.name!r} runs the model; use attention_importance")
+    check_query(query)
+    inp = ViewInput("", Scope.parse(scope), query, example_id=example_id, given_map=amap)
+    return run_views(built, inp)

@@ -11,15 +11,19 @@ from attnprobe.commands.common import (
     check_tables,
     corpus_args,
     corpus_options,
+    count_noun,
     distributed_group,
     names,
     positive,
+    report_skipped,
     texts_from_args,
     write_table,
     wrote,
 )
 
-COMPARE_EXAMPLE = """examples:
+
+def _example(metrics: tuple[str, ...]) -> str:
+    return f"""examples:
   attnprobe compare --model minilm --text-file s.txt --target "similarity:A cat sits." \\
       --out compare.csv --summary summary.csv
   attnprobe compare --model path/to/classifier --text "Great film." --target class:1 \\
@@ -27,9 +31,11 @@ COMPARE_EXAMPLE = """examples:
 
 Targets: class:K, prob:K (classifiers), next-token[:ID] (causal LMs), similarity:TEXT
 (embedding models: cosine similarity of mean-pooled embeddings). Writes one row per
-example, attention view (at each layer) or method, reference method and metric (kendall_tau,
-spearman, topk_overlap, jsd) with value and p_value; --summary writes mean, std and the
-share of examples with p <= 0.05.
+example, attention view (at each layer) or method, reference method and metric, with
+value and p_value; metrics: {", ".join(metrics)}.
+--summary writes mean, std and the share of examples with p <= 0.05. --scope picks the
+layers of every view and the heads that raw and norm average (rollout, flow and
+attn_x_grad run through every head).
 """
 
 
@@ -41,7 +47,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from attnprobe.attribution.comparison import compare
     from attnprobe.loading import load_model
 
-    out, summary_out = check_tables(("--out", args.out), ("--summary", args.summary))
+    out, summary_out = check_tables(args, ("--out", args.out), ("--summary", args.summary))
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
     with distributed_group(args.distributed) as (rank, world):
@@ -51,6 +57,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          **corpus_options(args))
         if rank != 0:
             return 0
+    report_skipped(result.skipped)
     write_table(result.table, out)
     wrote(args, f"{len(result.table)} agreement rows", out)
     summary = result.summary()
@@ -59,7 +66,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         wrote(args, "the summary", summary_out)
     shown = summary[summary["metric"] == "kendall_tau"]
     columns = ["source", "method", "mean", "std", "frac_significant"]
-    print(f"{len(texts)} texts, target {args.target}: Kendall tau (mean over texts)")
+    compared = count_noun(len(texts) - len(result.skipped), "text")
+    print(f"{compared}, target {args.target}: Kendall tau (mean over texts)")
     with pd.option_context("display.width", 120, "display.max_rows", 60,
                            "display.float_format", "{:.3f}".format):
         print(shown[columns].to_string(index=False))
@@ -69,9 +77,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``compare`` to the ``attnprobe`` sub-command parsers."""
     from attnprobe.attribution.comparison import DEFAULT_METHODS, DEFAULT_VIEWS
+    from attnprobe.attribution.metrics import METRICS
+    from attnprobe.attribution.view_base import VIEWS
 
+    others = [name for name in VIEWS.names() if name not in DEFAULT_VIEWS]
     parser = sub.add_parser("compare", help="attention views vs gradient attributions",
-                            epilog=COMPARE_EXAMPLE,
+                            epilog=_example(METRICS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     corpus_args(parser, seed_help="seeds the random baselines of GradientSHAP (default 0)")
     parser.add_argument("--target", required=True,
@@ -80,7 +91,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--methods", type=names, default=list(DEFAULT_METHODS),
                         help=f"attribution methods (default {','.join(DEFAULT_METHODS)})")
     parser.add_argument("--views", type=names, default=list(DEFAULT_VIEWS),
-                        help=f"attention views (default {','.join(DEFAULT_VIEWS)}; also flow)")
+                        help=f"attention views (default {','.join(DEFAULT_VIEWS)}; also "
+                             f"{','.join(others) or 'none'})")
     parser.add_argument("--query", type=_query, default="cls",
                         help="row the views read: cls (default), last, mean, max, or an index")
     parser.add_argument("--n-steps", type=positive, default=50,

@@ -9,6 +9,8 @@ import transformers
 
 import attnprobe as ap
 from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, compare
+from attnprobe.attribution.method_base import Problem
+from attnprobe.attribution.metrics import METRICS
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
 from tests.helpers import run_cli as run
 
@@ -16,8 +18,6 @@ MODEL = "ref:transformer-classifier"  # untrained, 2 classes, key-token vocabula
 TEXTS = ["key cat the dog red", "a big tree and the sun"]
 SUMMARY_COLUMNS = ["source_kind", "view", "layer", "source", "method", "metric", "mean", "std",
                    "n", "frac_significant"]
-
-
 
 
 def base(tmp_path, *extra: str) -> list[str]:
@@ -138,3 +138,118 @@ def test_help_shows_the_example(capsys):
     code, printed, _ = run(["compare", "--help"], capsys)
     assert code == 0
     assert "attnprobe compare --model minilm" in printed and "--target" in printed
+
+
+# ---------------------------------------------------------------------------- corpus options
+def table_of(tmp_path, name: str = "agreement.csv") -> pd.DataFrame:
+    return pd.read_csv(tmp_path / name, dtype={"example_id": str})
+
+
+def library(**options) -> pd.DataFrame:
+    model, tok = ap.load_model(MODEL)
+    options = {"methods": ["saliency", "leave_one_out"], "views": ["raw", "rollout"], **options}
+    return compare(model, tok, options.pop("texts", TEXTS), "class:1", **options).table
+
+
+def test_scope_picks_the_heads_raw_averages_and_repeats_merge(tmp_path, capsys):
+    argv = base(tmp_path, "--views", "raw", "--methods", "saliency", "--scope", "head:1.0",
+                "--quiet")
+    assert run(argv, capsys)[0] == 0
+    table = table_of(tmp_path)
+    assert set(table.source) == {"raw@L1"}
+    one_head = library(views=["raw"], methods=["saliency"], scope="head:1.0")
+    whole_layer = library(views=["raw"], methods=["saliency"], scope="layer:1")
+    pd.testing.assert_series_equal(table.value, one_head.value, check_exact=False, atol=1e-9)
+    assert (one_head.value - whole_layer.value).abs().max() > 1e-3  # the head choice mattered
+
+    merged = base(tmp_path, "--views", "raw", "--methods", "saliency", "--scope", "head:0.1",
+                  "--scope", "L1", "--quiet")
+    assert run(merged, capsys)[0] == 0
+    assert set(table_of(tmp_path).source) == {"raw@L0", "raw@L1"}
+    want = library(views=["raw"], methods=["saliency"], scope=["head:0.1", "layer:1"])
+    pd.testing.assert_series_equal(table_of(tmp_path).value, want.value, check_exact=False,
+                                   atol=1e-9)
+
+
+def test_long_texts_fail_or_are_cut_or_skipped(tmp_path, capsys):
+    # TEXTS[0] is 6 tokens with [BOS], TEXTS[1] is 7
+    code, printed, err = run(base(tmp_path, "--max-length", "6", "--quiet"), capsys)
+    assert code == 2 and printed == "" and err.count("\n") == 1
+    assert "text 1 has 7 tokens but the model takes at most 6" in err and "--truncate" in err
+
+    code, printed, _ = run(base(tmp_path, "--max-length", "5", "--truncate", "--quiet"), capsys)
+    assert code == 0 and "2 texts, target class:1" in printed
+    cut = library(truncation="cut", max_length=5)
+    pd.testing.assert_series_equal(table_of(tmp_path).value, cut.value, check_exact=False,
+                                   atol=1e-9)
+
+    code, printed, err = run(base(tmp_path, "--max-length", "6", "--skip-long"), capsys)
+    assert code == 0
+    assert "skipped 1 text longer than the model allows (ids: 1)" in err
+    assert "1 text, target class:1" in printed
+    table = table_of(tmp_path)
+    assert set(table.example_id) == {"0"}
+    pd.testing.assert_series_equal(table.value, library(texts=TEXTS[:1]).value,
+                                   check_exact=False, atol=1e-9)
+
+    code, _, err = run(base(tmp_path, "--truncate", "--skip-long"), capsys)
+    assert code == 2 and "not allowed with argument" in err
+
+
+def test_seed_reaches_gradient_shap(tmp_path, capsys):
+    def shap(seed: str) -> pd.DataFrame:
+        argv = base(tmp_path, "--methods", "gradient_shap,saliency", "--views", "raw",
+                    "--seed", seed, "--quiet")
+        assert run(argv, capsys)[0] == 0
+        return table_of(tmp_path)
+
+    three, again, zero = shap("3"), shap("3"), shap("0")
+    pd.testing.assert_frame_equal(three, again)
+    want = library(methods=["gradient_shap", "saliency"], views=["raw"], seed=3)
+    pd.testing.assert_series_equal(three.value, want.value, check_exact=False, atol=1e-9)
+    rank = three.metric == "kendall_tau"
+    assert (three.value[rank] - zero.value[rank]).abs().max() > 1e-6
+
+
+def test_batch_size_sets_the_rows_of_each_perturbation_forward(tmp_path, capsys, monkeypatch):
+    rows: list[int] = []
+    forward = Problem.forward
+
+    def counted(self, input_ids, attention_mask=None):
+        rows.append(int(input_ids.shape[0]))
+        return forward(self, input_ids, attention_mask)
+
+    monkeypatch.setattr(Problem, "forward", counted)
+    assert run(base(tmp_path, "--methods", "leave_one_out,saliency", "--batch-size", "2",
+                    "--quiet"), capsys)[0] == 0
+    assert max(rows) == 2 and rows.count(2) >= 4  # 5 and 6 deletions, two at a time
+    two = table_of(tmp_path)
+    rows.clear()
+    assert run(base(tmp_path, "--methods", "leave_one_out,saliency", "--quiet"), capsys)[0] == 0
+    assert max(rows) == 6  # the default (16) takes every deletion of the longer text at once
+    pd.testing.assert_series_equal(two.value, table_of(tmp_path).value, check_exact=False,
+                                   atol=1e-6)
+    code, _, err = run(base(tmp_path, "--batch-size", "0"), capsys)
+    assert code == 2 and "--batch-size" in err
+
+
+def test_distributed_outside_torchrun_is_a_plain_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run(base(tmp_path, "--quiet"), capsys)[0] == 0
+    plain = table_of(tmp_path)
+    assert run(base(tmp_path, "--distributed", "--quiet"), capsys)[0] == 0
+    pd.testing.assert_frame_equal(plain, table_of(tmp_path))
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_help_and_table_name_the_same_metrics(tmp_path, capsys):
+    code, printed, _ = run(["compare", "--help"], capsys)
+    assert code == 0
+    help_text = " ".join(printed.split())
+    assert f"metrics: {', '.join(METRICS)}." in help_text
+    assert "spearman_rho" not in help_text
+    assert run(base(tmp_path, "--quiet"), capsys)[0] == 0
+    assert tuple(table_of(tmp_path).metric.unique()) == METRICS
+    assert "also flow" in help_text  # every registered view is offered

@@ -82,7 +82,7 @@ def test_flow_rows_sum_to_one_and_mean_max_combine_every_row():
 
 def test_capacities_fit_scipys_int32():
     amap = make_map(torch.eye(4).expand(2, 1, 4, 4).clone())  # weights of exactly 1
-    graph = attention_flow._flow_graph(
+    graph = attention_flow.flow_graph(
         view_common.augmented(amap, residual=True, head_reduce="mean"))
     assert graph.dtype == np.int32 and graph.data.max() == views.FLOW_SCALE < 2**31 - 1
     assert torch.allclose(views.flow(amap, layer=1, query=2),

@@ -66,6 +66,20 @@ def test_jsd_bounds_by_construction():
         jsd([0, 0], [1, 2])
 
 
+def test_jsd_is_the_core_divergence_of_the_normalised_magnitudes():
+    from scipy.spatial.distance import jensenshannon
+
+    from attnprobe.core import divergence
+
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a, b = rng.normal(size=9), rng.normal(size=9)  # signed: magnitudes are compared
+        p, q = np.abs(a) / np.abs(a).sum(), np.abs(b) / np.abs(b).sum()
+        want = jensenshannon(p, q) ** 2  # scipy: natural log by default
+        assert jsd(a, b) == pytest.approx(want, abs=1e-12)
+        assert jsd(a, b) == float(divergence.jsd(torch.from_numpy(p), torch.from_numpy(q)))
+
+
 def test_topk_overlap_uses_magnitudes():
     a = [0.9, 0.1, -0.8, 0.0]
     assert topk_overlap(a, [1, 0, 1, 0], 2) == 1.0

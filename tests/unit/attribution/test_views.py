@@ -240,10 +240,18 @@ def test_norm_on_an_unsupported_model_names_the_supported_families(tokenizer):
 # ----------------------------------------------------------------------------- all views
 def test_attention_importance_names_every_view_and_layer(tokenizer):
     model = tiny_bert()
-    got = views.attention_importance(model, tokenizer, TEXT, Named(), example_id="e1")
+    builtin = ("attn_x_grad", "flow", "norm", "raw", "rollout")
+    got = views.attention_importance(model, tokenizer, TEXT, Named(), example_id="e1",
+                                     views=builtin)
     assert [a.method for a in got] == [
-        "raw@L0", "raw@L1", "rollout@L0", "rollout@L1", "flow@L0", "flow@L1", "attn_x_grad",
-        "norm@L0", "norm@L1"]
+        "attn_x_grad", "flow@L0", "flow@L1", "norm@L0", "norm@L1", "raw@L0", "raw@L1",
+        "rollout@L0", "rollout@L1"]
+    # the default is every registered view, in name order (a view registered by a test too)
+    default = views.attention_importance(model, tokenizer, TEXT, Named(), example_id="e1")
+    assert [a.method for a in default if a.method.partition("@")[0] in builtin] == \
+        [a.method for a in got]
+    assert [a.method.partition("@")[0] for a in default] == sorted(
+        a.method.partition("@")[0] for a in default)
     assert {a.target for a in got} == {"", "hidden:0"}
     assert next(a for a in got if a.method == "attn_x_grad").target == "hidden:0"
     tokens = ("[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]")
@@ -265,6 +273,14 @@ def test_attention_importance_refuses_bad_requests(tokenizer):
         views.attention_importance(model, tokenizer, TEXT, views=["attn_x_grad"])
     with pytest.raises(InputError, match="views must be"):
         views.attention_importance(model, tokenizer, TEXT, views=["saliency"])
+    with pytest.raises(InputError, match="views must be"):
+        views.attention_importance(model, tokenizer, TEXT, views=["raw", "raw"])
+    with pytest.raises(InputError, match="views must be"):
+        views.attention_importance(model, tokenizer, TEXT, views=[])
+    with pytest.raises(InputError, match="query must be"):
+        views.attention_importance(model, tokenizer, TEXT, views=["raw"], query="middle")
+    with pytest.raises(InputError, match="holds no head of layer 0"):
+        views.attention_importance(model, tokenizer, TEXT, views=["raw"], scope="*.7")
     with pytest.raises(InputError, match="layer 5"):
         views.attention_importance(model, tokenizer, TEXT, views=["raw"], scope="layer:5")
     with pytest.raises(InputError, match="empty"):
