@@ -11,6 +11,7 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
+    input_files,
     positive,
     report_skipped,
     texts_from_args,
@@ -42,7 +43,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise OutputError(f"--out must end in .html; got {args.out}")
-    check_outputs([("--out", out)])
+    check_outputs([("--out", out)], inputs=[*input_files(args), ("--maps", args.maps)])
     if args.maps:  # maps saved by `attnprobe extract --out maps.npz`: no model needed
         from attnprobe.report import report_from_maps
 

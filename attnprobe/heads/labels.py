@@ -1,13 +1,14 @@
 """Label each head from its scores with explicit, configurable rules (methods.md §13).
 
 The input is the wide per-head score table (index columns ``stack, kind, layer, head,
-head_id``, one column per score). Every rule is a pure function registered in :data:`RULES`
-under its label: ``rule(row, thresholds) -> evidence | None``. It returns the scores it used
-against their thresholds (e.g. ``"prev=0.83 > 0.5"``) when it fires and ``None`` otherwise.
-A rule whose scores are missing or NaN does not fire.
+head_id``, one column per score). Every label is a :class:`LabelRule` in :data:`RULES`: its
+test ``test(row, thresholds) -> evidence | None``, its rank and its colour. The test returns the
+scores it used against their thresholds (e.g. ``"prev=0.83 > 0.5"``) when it fires and ``None``
+otherwise. A rule whose scores are missing or NaN does not fire.
 
-Several rules may fire for one head. The label is the first that fired in :data:`PRECEDENCE`;
-the others are listed in ``also``, so no evidence is thrown away::
+Several rules may fire for one head. The label is the fired rule of lowest rank; the others are
+listed in ``also``, so no evidence is thrown away. :data:`PRECEDENCE` is that order, read from
+the registry (so a rule registered later has its place in it too)::
 
     sink > previous > next > self > offset > collapsed > vertical+diagonal > block
       > induction > duplicate > broad > syntactic > heterogeneous
@@ -20,7 +21,9 @@ one-column head is one-hot too, and calling it "collapsed" would hide what it do
 ``collapsed`` (near-zero entropy) names one-hot attention *without* a consistent target; when
 the target is a fixed offset or a sink token, that label wins and ``collapsed`` is listed in
 ``also``. ``heterogeneous`` is the fallback when no rule fires (Kovaleva's class).
-A new rule is registered in ``RULES`` and given its place in ``PRECEDENCE``.
+A new label is one ``@rule("name", rank=..., colour=...)`` function (or
+``RULES.add(LabelRule(...))``) in any module: its place in the precedence, its share in
+``layer_profile`` and its colour in the reports all follow from that one entry.
 
 Defaults (:class:`Thresholds`):
 
@@ -52,23 +55,31 @@ Defaults (:class:`Thresholds`):
 
 from __future__ import annotations
 
-import math
-import operator
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from numbers import Real
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
+from attnprobe.heads.label_rules import (
+    FALLBACK,
+    RULES,
+    LabelRule,
+    Row,
+    Thresholds,
+    all_hold,
+    comparison,
+    fixed_offset,
+    number_text,
+    rule,
+    score_of,
+)
+
+__all__ = ["FALLBACK", "INDEX_COLUMNS", "PRECEDENCE", "RESULT_COLUMNS", "RULES",  # noqa: F822
+           "LabelRule", "Thresholds", "classify_row", "classify_scores", "layer_profile", "rule"]
 
 INDEX_COLUMNS = ("stack", "kind", "layer", "head", "head_id")
 RESULT_COLUMNS = ("label", "evidence", "also")
-PRECEDENCE = ("sink", "previous", "next", "self", "offset", "collapsed", "vertical+diagonal",
-              "block", "induction", "duplicate", "broad", "syntactic", "heterogeneous")
-FALLBACK = "heterogeneous"
-
 # Scores the rules read as numbers (checked when present; other columns pass through).
 RULE_SCORES = ("entropy_norm", "max_weight", "chance_weight", "prev", "self", "next",
                "pos_score", "pos_offset", "cls", "sep", "bos", "eos", "first", "punct",
@@ -79,120 +90,20 @@ PROFILE_MEANS = ("entropy", "entropy_norm", "max_weight", "distance", "first", "
 OPTIONAL_MEANS = ("syntax_accuracy", "dep_alignment")
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """Every threshold of the rules (module docstring); defaults from methods.md §13.
-
-    Attributes:
-        collapsed_entropy_norm: collapsed: ``entropy_norm`` below this ...
-        collapsed_max_weight: ... and ``max_weight`` above this.
-        sink: sink: any of ``cls, sep, bos, eos, first, punct, special`` above this.
-        positional_mass: previous / next / self: ``prev`` / ``next`` / ``self`` above this.
-        offset_pos_score: fixed offset: ``pos_score`` at least this ...
-        offset_max_weight: ... and ``max_weight`` above this.
-        diagonal_mass: vertical+diagonal: ``prev + self + next`` at least this ...
-        vertical_mass: ... and ``max(special, first)`` at least this.
-        block: block: same-segment mass at least this (and no positional rule fires).
-        induction: induction: ``rep_induction`` or ``rep_induction_ahead`` above this.
-        duplicate: duplicate: ``rep_duplicate`` or ``rep_duplicate_ahead`` above this.
-        broad_entropy_norm: broad: ``entropy_norm`` at least this ...
-        broad_max_weight: ... and ``max_weight`` at most the larger of this (Clark's 10%) ...
-        broad_max_ratio: ... and this times ``chance_weight`` (short inputs, see above).
-        syntax_margin: syntactic: accuracy minus the best offset baseline at least this ...
-        syntax_count: ... on at least this many dependency arcs.
-    """
-
-    collapsed_entropy_norm: float = 0.05
-    collapsed_max_weight: float = 0.95
-    sink: float = 0.6
-    positional_mass: float = 0.5
-    offset_pos_score: float = 0.9
-    offset_max_weight: float = 0.8
-    diagonal_mass: float = 0.3
-    vertical_mass: float = 0.3
-    block: float = 0.8
-    induction: float = 0.4
-    duplicate: float = 0.4
-    broad_entropy_norm: float = 0.78
-    broad_max_weight: float = 0.1
-    broad_max_ratio: float = 3.0
-    syntax_margin: float = 0.10
-    syntax_count: float = 20
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-                raise InputError(f"threshold {f.name} must be a finite number, got {value!r}")
+def __getattr__(name: str) -> tuple[str, ...]:
+    # PRECEDENCE is derived from RULES on every read (not a copy taken at import), so a rule
+    # registered later has its place in it.
+    if name == "PRECEDENCE":
+        return RULES.precedence()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-Row = Mapping[str, object]
-Rule = Callable[[Row, Thresholds], str | None]
-RULES: Registry[Rule] = Registry("head rule")
+# ---- rules: rank = place in the precedence (gaps of 10 leave room), colour for reports ------
 
-
-# ---- evidence helpers ---------------------------------------------------------------------
-
-def _get(row: Row, name: str) -> float | None:
-    """The score as a float, or None when it is missing or not finite."""
-    value = row.get(name)
-    if value is None:
-        return None
-    try:
-        value = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _num(value: float, other: float | None = None) -> str:
-    """Short form of a number: 3 significant digits, more when needed to differ from ``other``."""
-    if float(value).is_integer() and abs(value) < 1e6:
-        return str(int(value))
-    for digits in range(3, 8):
-        text = f"{value:.{digits}g}"
-        if other is None or text != f"{other:g}":
-            return text
-    return text
-
-
-def _cmp(name: str, value: float, op: str, threshold: float) -> str:
-    """``"prev=0.83 > 0.5"``."""
-    return f"{name}={_num(value, threshold)} {op} {threshold:g}"
-
-
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-
-
-def _all(row: Row, *tests: tuple[str, str, float]) -> str | None:
-    """Evidence when every ``(column, op, threshold)`` holds, else None."""
-    parts = []
-    for name, op, threshold in tests:
-        value = _get(row, name)
-        if value is None or not _OPS[op](value, threshold):
-            return None
-        parts.append(_cmp(name, value, op, threshold))
-    return ", ".join(parts)
-
-
-def _fixed_offset(row: Row, t: Thresholds) -> tuple[int, str] | None:
-    """``(offset, evidence)`` for a head whose argmax sits at one relative offset, else None."""
-    offset = _get(row, "pos_offset")
-    evidence = _all(row, ("pos_score", ">=", t.offset_pos_score),
-                    ("max_weight", ">", t.offset_max_weight))
-    if offset is None or evidence is None:
-        return None
-    shift = round(offset)
-    return shift, f"pos_offset={f'{shift:+d}' if shift else '0'}, {evidence}"
-
-
-# ---- rules (registered in precedence order) -----------------------------------------------
-
-@RULES.register("collapsed")
+@rule("collapsed", rank=60, colour="#edc948")
 def collapsed(row: Row, t: Thresholds) -> str | None:
     """Nearly one-hot rows everywhere (entropy collapse, Zhai et al.)."""
-    return _all(row, ("entropy_norm", "<", t.collapsed_entropy_norm),
+    return all_hold(row, ("entropy_norm", "<", t.collapsed_entropy_norm),
                 ("max_weight", ">", t.collapsed_max_weight))
 
 
@@ -209,15 +120,15 @@ class AnyOver:
         limit = getattr(t, self.threshold)
         for group in (self.columns, self.fallback):
             over = [(v, name) for name in group
-                    if (v := _get(row, name)) is not None and v > limit]
+                    if (v := score_of(row, name)) is not None and v > limit]
             if over:
                 value, name = max(over, key=lambda pair: pair[0])  # first of ties wins
-                return _cmp(name, value, ">", limit)
+                return comparison(name, value, ">", limit)
         return None
 
 
-RULES.register("sink")(AnyOver(("cls", "sep", "bos", "eos", "first", "punct"), "sink",
-                               fallback=("special",)))
+RULES.add(LabelRule("sink", AnyOver(("cls", "sep", "bos", "eos", "first", "punct"), "sink",
+                                    fallback=("special",)), rank=10, colour="#4e79a7"))
 
 
 @dataclass(frozen=True)
@@ -228,29 +139,29 @@ class Positional:
     offset: int
 
     def __call__(self, row: Row, t: Thresholds) -> str | None:
-        evidence = _all(row, (self.column, ">", t.positional_mass))
+        evidence = all_hold(row, (self.column, ">", t.positional_mass))
         if evidence is not None:
             return evidence
-        fixed = _fixed_offset(row, t)
+        fixed = fixed_offset(row, t)
         return fixed[1] if fixed is not None and fixed[0] == self.offset else None
 
 
-RULES.register("previous")(Positional("prev", -1))
-RULES.register("next")(Positional("next", 1))
-RULES.register("self")(Positional("self", 0))
+RULES.add(LabelRule("previous", Positional("prev", -1), rank=20, colour="#f28e2b"))
+RULES.add(LabelRule("next", Positional("next", 1), rank=30, colour="#e15759"))
+RULES.add(LabelRule("self", Positional("self", 0), rank=40, colour="#76b7b2"))
 
 
-@RULES.register("offset")
+@rule("offset", rank=50, colour="#59a14f")
 def offset(row: Row, t: Thresholds) -> str | None:
     """Argmax at one relative offset other than -1/0/+1 (Voita's positional head)."""
-    fixed = _fixed_offset(row, t)
+    fixed = fixed_offset(row, t)
     return fixed[1] if fixed is not None and fixed[0] not in (-1, 0, 1) else None
 
 
 POSITIONAL = ("previous", "next", "self", "offset")
 
 
-@RULES.register("vertical+diagonal")
+@rule("vertical+diagonal", rank=70, colour="#b07aa1")
 def vertical_diagonal(row: Row, t: Thresholds) -> str | None:
     """Kovaleva's mix: local (±1, self) mass and special/first-token mass both substantial.
 
@@ -258,53 +169,57 @@ def vertical_diagonal(row: Row, t: Thresholds) -> str | None:
     sees only i + 1 keys) a uniform row already leaves over 0.3 on the diagonal and the first
     token by chance.
     """
-    local = [_get(row, name) for name in ("prev", "self", "next")]
-    vertical = [(v, name) for name in ("special", "first") if (v := _get(row, name)) is not None]
+    local = [score_of(row, name) for name in ("prev", "self", "next")]
+    vertical = [(v, name) for name in ("special", "first")
+                if (v := score_of(row, name)) is not None]
     if None in local or not vertical or broad(row, t) is not None:
         return None
     diagonal = sum(v for v in local if v is not None)
     value, name = max(vertical, key=lambda pair: pair[0])
     if diagonal < t.diagonal_mass or value < t.vertical_mass:
         return None
-    return (f"{_cmp('prev+self+next', diagonal, '>=', t.diagonal_mass)}, "
-            f"{_cmp(name, value, '>=', t.vertical_mass)}")
+    return (f"{comparison('prev+self+next', diagonal, '>=', t.diagonal_mass)}, "
+            f"{comparison(name, value, '>=', t.vertical_mass)}")
 
 
-@RULES.register("block")
+@rule("block", rank=80, colour="#ff9da7")
 def block(row: Row, t: Thresholds) -> str | None:
     """Kovaleva's intra-segment block on two-segment inputs, when not explained by position."""
-    evidence = _all(row, ("block", ">=", t.block))
+    evidence = all_hold(row, ("block", ">=", t.block))
     if evidence is None or any(RULES.get(label)(row, t) for label in POSITIONAL):
         return None
     return evidence
 
 
-RULES.register("induction")(AnyOver(("rep_induction", "rep_induction_ahead"), "induction"))
-RULES.register("duplicate")(AnyOver(("rep_duplicate", "rep_duplicate_ahead"), "duplicate"))
+RULES.add(LabelRule("induction", AnyOver(("rep_induction", "rep_induction_ahead"), "induction"),
+                    rank=90, colour="#9c755f"))
+RULES.add(LabelRule("duplicate", AnyOver(("rep_duplicate", "rep_duplicate_ahead"), "duplicate"),
+                    rank=100, colour="#bab0ac"))
 
 
-@RULES.register("broad")
+@rule("broad", rank=110, colour="#86bcb6")
 def broad(row: Row, t: Thresholds) -> str | None:
     """Clark's broad head, length-robust: high normalized entropy, no key much above uniform."""
-    entropy = _all(row, ("entropy_norm", ">=", t.broad_entropy_norm))
-    peak, chance = _get(row, "max_weight"), _get(row, "chance_weight")
+    entropy = all_hold(row, ("entropy_norm", ">=", t.broad_entropy_norm))
+    peak, chance = score_of(row, "max_weight"), score_of(row, "chance_weight")
     if entropy is None or peak is None:
         return None
     limit = t.broad_max_weight
     if chance is not None and t.broad_max_ratio * chance > limit:
         limit = t.broad_max_ratio * chance
-        bound = f"{_num(limit)} ({t.broad_max_ratio:g} x chance_weight={_num(chance)})"
+        bound = (f"{number_text(limit)} ({t.broad_max_ratio:g} x "
+                 f"chance_weight={number_text(chance)})")
     else:
         bound = f"{limit:g}"
     if peak > limit:
         return None
-    return f"{entropy}, max_weight={_num(peak, limit)} <= {bound}"
+    return f"{entropy}, max_weight={number_text(peak, limit)} <= {bound}"
 
 
-@RULES.register("syntactic")
+@rule("syntactic", rank=120, colour="#d37295")
 def syntactic(row: Row, t: Thresholds) -> str | None:
     """Beats the best offset baseline on a dependency relation by a margin, on enough arcs."""
-    evidence = _all(row, ("syntax_margin", ">=", t.syntax_margin),
+    evidence = all_hold(row, ("syntax_margin", ">=", t.syntax_margin),
                     ("syntax_count", ">=", t.syntax_count))
     relation = row.get("syntax_relation")
     if evidence is None or not isinstance(relation, str) or not relation:
@@ -342,8 +257,8 @@ def _head_name(row: Row) -> str:
 def classify_row(row: Row, thresholds: Thresholds | None = None) -> tuple[str, str, str]:
     """``(label, evidence, also)`` of one head's scores (a mapping of score name to value)."""
     t = Thresholds() if thresholds is None else thresholds
-    fired = [(label, evidence) for label in PRECEDENCE if label in RULES
-             and (evidence := RULES.get(label)(row, t)) is not None]
+    fired = [(entry.label, evidence) for entry in RULES.rules()
+             if (evidence := entry(row, t)) is not None]
     if not fired:
         return FALLBACK, "no rule fired", ""
     return fired[0][0], fired[0][1], ", ".join(label for label, _ in fired[1:])
@@ -411,7 +326,8 @@ def layer_profile(classified: pd.DataFrame) -> pd.DataFrame:
         InputError: missing index or ``label`` columns, an empty table, or an unknown label.
     """
     _check_table(classified, (*INDEX_COLUMNS, "label"), "classified table")
-    unknown = sorted(set(classified["label"]) - set(PRECEDENCE), key=str)
+    precedence = RULES.precedence()
+    unknown = sorted(set(classified["label"]) - set(precedence), key=str)
     if unknown:
         raise InputError(f"unknown label(s) {', '.join(map(repr, unknown))}; "
                          f"expected labels from PRECEDENCE")
@@ -420,7 +336,7 @@ def layer_profile(classified: pd.DataFrame) -> pd.DataFrame:
     values = _numeric(classified, present, "classified table").reindex(
         columns=[*means, "prev", "self", "next"])
     table = pd.DataFrame({c: classified[c] for c in INDEX_COLUMNS[:3]})
-    for label in PRECEDENCE:
+    for label in precedence:
         table[f"share_{label}"] = (classified["label"] == label).astype(float)
     for name in means:
         table[name] = values[name]
@@ -428,6 +344,6 @@ def layer_profile(classified: pd.DataFrame) -> pd.DataFrame:
     grouped = table.groupby(list(INDEX_COLUMNS[:3]), sort=True)
     profile = grouped.mean()
     profile.insert(0, "n_heads", grouped.size())
-    order = ["n_heads", *(f"share_{label}" for label in PRECEDENCE), *PROFILE_MEANS, "local",
+    order = ["n_heads", *(f"share_{label}" for label in precedence), *PROFILE_MEANS, "local",
              *means[len(PROFILE_MEANS):]]
     return profile[order].reset_index()

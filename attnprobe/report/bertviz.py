@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from attnprobe.core.files import atomic_write
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
 
@@ -80,15 +81,18 @@ def bertviz_json(amap: AttentionMap) -> dict[str, Any]:
 
 
 def save_bertviz(maps: Sequence[AttentionMap], path: str | Path) -> Path:
-    """Write a JSON list with one entry per map; returns the path.
+    """Write a JSON list with one entry per map, atomically (a killed run leaves the old file
+    or none, never a truncated one); returns the path.
 
     Each entry: ``example_id``, ``kind``, ``stack``, ``layers`` and ``heads`` (model indices
     of BertViz's positions 0, 1, ...), and ``attention`` (:func:`bertviz_json`).
+
+    Raises:
+        InputError: no maps.
+        OutputError: ``path`` is a directory or cannot be written.
     """
     if not maps:
         raise InputError("no attention maps to export")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     entries = [{
         "example_id": amap.example_id,
         "kind": amap.kind,
@@ -97,5 +101,5 @@ def save_bertviz(maps: Sequence[AttentionMap], path: str | Path) -> Path:
         "heads": list(amap.heads),
         "attention": bertviz_json(amap),
     } for amap in maps]
-    path.write_text(json.dumps(entries))
-    return path
+    text = json.dumps(entries)
+    return atomic_write(path, lambda part: part.write_text(text))

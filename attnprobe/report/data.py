@@ -4,7 +4,8 @@ Weights are quantised to ``uint8`` (``round(w * 255)``), so a decoded weight ``q
 within half a step, ``1/510``, of the original. Each map's ``[layer, head, query, key]`` bytes
 are base64-encoded (C order); tokens travel as JSON strings. JSON placed inside
 ``<script type="application/json">`` has ``<``, ``>``, ``&``, U+2028 and U+2029 written as
-``\\u003c`` etc., so no token can close the script element or start markup.
+``\\u003c`` etc., so no token can close the script element or start markup; bidirectional
+control characters are escaped the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from attnprobe.report.text import BIDI_CONTROLS
 from attnprobe.types import AttentionMap
 
 MAX_ERROR = 1 / 510  # largest |decoded - original| for weights in [0, 1]
 _JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                               "\u2028": "\\u2028", "\u2029": "\\u2029"})
+                               "\u2028": "\\u2028", "\u2029": "\\u2029",
+                               # bidi controls would reorder the page source around them
+                               **{c: f"\\u{ord(c):04x}" for c in BIDI_CONTROLS}})
 
 
 def quantise(weights: np.ndarray) -> np.ndarray:
@@ -61,14 +65,9 @@ def escape_json(obj: Any) -> str:
     return text.translate(_JSON_ESCAPES)
 
 
-def script_json(obj: Any, element_id: str) -> str:
-    """A ``<script type="application/json">`` element holding ``obj``."""
-    return (f'<script type="application/json" id="{element_id}">'
-            f"{escape_json(obj)}</script>")
-
-
 def read_script_json(html: str, element_id: str) -> Any:
-    """The object embedded by :func:`script_json` (for tests and tools)."""
+    """The object a page embeds as ``<script type="application/json" id=element_id>`` (for
+    tests and tools)."""
     start_tag = f'<script type="application/json" id="{element_id}">'
     start = html.index(start_tag) + len(start_tag)
     return json.loads(html[start:html.index("</script>", start)])

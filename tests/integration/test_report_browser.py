@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -85,3 +86,49 @@ def test_report_opens_offline_and_the_view_reacts(browser, tmp_path):
     fetched = [m["params"]["request"]["url"] for m in requests
                if m["method"] == "Network.requestWillBeSent"]
     assert fetched and all(url.startswith(("file:", "data:")) for url in fetched), fetched
+
+
+EVIL_KEY = 'x"><script>alert(1)</script>'
+# Right-to-left words around a number, and a token holding RIGHT-TO-LEFT OVERRIDE: unisolated,
+# the number would join the Hebrew run (the three tokens drawn in reverse order) and U+202E
+# would reverse every token after it on the line.
+BIDI_TOKENS = ("[CLS]", "שלום", "1", "עולם", "\u202eevil", "cat", "[SEP]")
+
+
+def _hostile_report(tmp_path: Path) -> Path:
+    n = len(BIDI_TOKENS)
+    info = ModelInfo(name="toy\u202e", arch="toy", n_layers=1, n_heads=1, causal=False)
+    amap = AttentionMap(pattern=torch.full((1, 1, n, n), 1 / n), query_tokens=BIDI_TOKENS,
+                        key_tokens=BIDI_TOKENS, layers=(0,), info=info)
+    table = pd.DataFrame({EVIL_KEY: [EVIL_KEY], "b": ["\u202eright"]})
+    page = ap.report.build(maps=[amap], tables=[(EVIL_KEY, EVIL_KEY, table)], title=EVIL_KEY)
+    return page.save(tmp_path / "hostile.html")
+
+
+def test_hostile_keys_run_nothing_and_tokens_are_isolated(browser, tmp_path):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    browser.get(_hostile_report(tmp_path).as_uri())
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - neither the key nor the cell ran
+    assert browser.execute_script("return document.scripts.length") == 2  # data + our program
+    assert browser.title == EVIL_KEY
+    sections = [s.get_attribute("id") for s in browser.find_elements("css selector", "section")]
+    assert sections == ["sec-model", "sec-attention", "sec-x-script-alert-1-script"]
+    extra = browser.find_element("css selector", "#sec-x-script-alert-1-script")
+    assert extra.find_element("css selector", "h2").text == EVIL_KEY  # shown as text
+    assert extra.find_element("css selector", "th").text == EVIL_KEY
+    assert extra.find_elements("css selector", "td")[1].text == "\u27e8U+202E\u27e9right"
+
+    # model card: one <bdi> per token, drawn left to right in token order, controls visible
+    shown = [*BIDI_TOKENS[:4], "\u27e8U+202E\u27e9evil", *BIDI_TOKENS[5:]]
+    card = browser.find_elements("css selector", "#sec-model ol.inputs li bdi")
+    assert [b.text for b in card] == shown
+    assert all(b.value_of_css_property("unicode-bidi") == "isolate" for b in card)
+    lefts = [b.rect["x"] for b in card]
+    assert lefts == sorted(lefts) and len(set(lefts)) == len(lefts), lefts
+    text = browser.execute_script("return document.body.innerText")
+    assert not set(text) & {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+    # the attention view shows the control the same way
+    view = [t.text for t in browser.find_elements("css selector", "#ap-view .left .tok")]
+    assert view == shown

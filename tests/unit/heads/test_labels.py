@@ -5,10 +5,12 @@ import pandas as pd
 import pytest
 
 from attnprobe.errors import InputError
+from attnprobe.heads import labels
 from attnprobe.heads.labels import (
     INDEX_COLUMNS,
     PRECEDENCE,
     RULES,
+    LabelRule,
     Thresholds,
     classify_scores,
     layer_profile,
@@ -375,3 +377,87 @@ def test_layer_profile_bad_input():
         layer_profile(classified.iloc[:0])
     with pytest.raises(InputError, match="unknown label"):
         layer_profile(classified.assign(label="weird"))
+
+
+# ---- a rule is one registry entry: label, test, rank, colour ---------------------------------
+
+def tilted(row, t):
+    """A made-up label for the tests: fires on a 'tilt' score over 0.5."""
+    value = row.get("tilt")
+    return f"tilt={value} > 0.5" if value is not None and value > 0.5 else None
+
+
+@pytest.fixture
+def tilted_rule():
+    """'tilted' registered between previous (rank 20) and next (rank 30), removed after."""
+    entry = RULES.add(LabelRule("tilted", tilted, rank=25, colour="#123456"))
+    try:
+        yield entry
+    finally:
+        RULES.remove("tilted")
+
+
+def test_builtin_ranks_give_the_documented_precedence():
+    assert PRECEDENCE == ("sink", "previous", "next", "self", "offset", "collapsed",
+                          "vertical+diagonal", "block", "induction", "duplicate", "broad",
+                          "syntactic", "heterogeneous")
+    ranks = [RULES.get(label).rank for label in PRECEDENCE[:-1]]
+    assert ranks == sorted(ranks)
+    colours = [RULES.colour(label) for label in PRECEDENCE]
+    assert None not in colours and len(set(colours)) == len(colours)
+
+
+def test_a_registered_rule_takes_its_place_in_precedence_and_labels(tilted_rule):
+    assert labels.PRECEDENCE[:4] == ("sink", "previous", "tilted", "next")
+    assert RULES.colour("tilted") == "#123456"
+    table = pd.DataFrame([head(0, 0, tilt=0.9), head(0, 1, tilt=0.9, prev=0.8),
+                          head(0, 2, tilt=0.9, next=0.8), head(0, 3, tilt=0.1, next=0.8)])
+    out = classify_scores(table)
+    assert list(out["label"]) == ["tilted", "previous", "tilted", "next"]
+    assert list(out["also"]) == ["", "tilted", "next", ""]
+    assert out["evidence"][0] == "tilt=0.9 > 0.5"
+    profile = layer_profile(out)
+    assert profile["share_tilted"].item() == pytest.approx(2 / 4)
+    shares = profile[[f"share_{label}" for label in labels.PRECEDENCE]]
+    assert shares.sum(axis=1).item() == pytest.approx(1.0)
+
+
+def test_removing_a_rule_restores_the_precedence(tilted_rule):
+    RULES.remove("tilted")
+    try:
+        assert labels.PRECEDENCE == PRECEDENCE and "tilted" not in RULES
+        assert classify_one(tilt=0.9, entropy_norm=0.5)["label"] == "heterogeneous"
+    finally:
+        RULES.add(tilted_rule)  # the fixture removes it again
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    (LabelRule("previous", tilted, rank=25), "already registered"),
+    (LabelRule("heterogeneous", tilted, rank=25), "the fallback"),
+    (LabelRule("tilted", tilted, rank=20), "rank 20 is taken by 'previous'"),
+])
+def test_a_rule_that_would_be_ambiguous_is_refused(entry, message):
+    with pytest.raises(InputError, match=message):
+        RULES.add(entry)
+    assert labels.PRECEDENCE == PRECEDENCE
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"label": ""}, "non-empty label"),
+    ({"test": "prev > 0.5"}, "callable"),
+    ({"rank": float("nan")}, "rank must be a finite number"),
+    ({"rank": True}, "rank must be a finite number"),
+    ({"colour": "red"}, "colour must be '#rrggbb'"),
+    ({"colour": '#12345"'}, "colour must be '#rrggbb'"),
+])
+def test_a_malformed_rule_is_refused(fields, message):
+    with pytest.raises(InputError, match=message):
+        LabelRule(**{"label": "tilted", "test": tilted, "rank": 25, **fields})
+
+
+def test_register_needs_a_label_rule_of_that_name():
+    with pytest.raises(InputError, match="LabelRule labelled 'tilted'"):
+        RULES.register("tilted")(tilted)
+    with pytest.raises(InputError, match="LabelRule labelled 'tilted'"):
+        RULES.register("tilted")(LabelRule("other", tilted, rank=25))
+    assert "tilted" not in RULES and "other" not in RULES

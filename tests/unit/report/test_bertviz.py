@@ -1,12 +1,13 @@
 """BertViz export: checked by construction against BertViz's documented format."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from attnprobe.cli import main
-from attnprobe.errors import InputError
+from attnprobe.errors import InputError, OutputError
 from attnprobe.report.bertviz import bertviz_json, save_bertviz, to_bertviz
 from attnprobe.types import AttentionMap, ModelInfo
 
@@ -127,3 +128,25 @@ def test_cli_extract_without_bertviz_writes_no_export(tmp_path):
     assert main(["extract", "--model", "ref:encoder", "--text", "the cat", "--out",
                  str(out)]) == 0
     assert not list(tmp_path.glob("*bertviz*"))
+
+
+def test_save_bertviz_is_atomic(tmp_path, monkeypatch):
+    path = save_bertviz([make_map(TOKENS, example_id="old")], tmp_path / "viz.json")
+    before = path.read_text()
+    real_write_text = Path.write_text
+
+    def half_then_interrupted(self, text, *args, **kwargs):
+        real_write_text(self, text[: len(text) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", half_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_bertviz([make_map(TOKENS, example_id="new")], path)
+    monkeypatch.undo()
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["viz.json"]
+    assert json.loads(before)[0]["example_id"] == "old"
+
+
+def test_save_bertviz_to_a_directory_is_an_output_error(tmp_path):
+    with pytest.raises(OutputError, match="is a directory"):
+        save_bertviz([make_map(TOKENS)], tmp_path)

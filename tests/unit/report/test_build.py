@@ -131,7 +131,7 @@ def test_nothing_to_report_is_an_error():
 def test_model_card():
     html = build(maps=[random_map(["hello", "world"], example_id="s1")]).html
     for text in ("tiny", "BertModel", "2 × 3", "bidirectional", "eager", "torch 2.x",
-                 "hello world", "1 sentence(s)"):
+                 "<bdi>s1</bdi>: <bdi>hello</bdi> <bdi>world</bdi>", "1 sentence(s)"):
         assert text in html, text
 
 
@@ -151,8 +151,11 @@ def test_head_grid_has_one_cell_per_head_with_label_tooltip():
 
 
 def test_palette_covers_every_label():
-    assert set(svg.PALETTE) == set(PRECEDENCE)
-    assert len(set(svg.PALETTE.values())) == len(PRECEDENCE)
+    palette = svg.palette()
+    assert tuple(palette) == PRECEDENCE
+    assert len(set(palette.values())) == len(PRECEDENCE)
+    assert svg.UNKNOWN_COLOUR not in palette.values()
+    assert svg.colour("no such label") == svg.UNKNOWN_COLOUR
 
 
 def test_layer_profile_and_mds_escape_text():

@@ -1,47 +1,25 @@
-"""Inlined CSS and the vanilla-JS attention view (no CDN, no external requests).
-
-The script reads the maps from ``<script type="application/json" id="ap-maps">``, decodes each
-map's base64 uint8 weights (``weight = byte / 255``), and draws the chosen sentence / layer /
-head as two token columns joined by lines whose opacity is the weight. Hovering a query token
-(left) shows its row; hovering a key token (right) shows its column. Tokens are set with
-``textContent``, never parsed as HTML. Neither string may contain ``</script`` or ``</style``.
-"""
-
-CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:72em;
- padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;
- margin-top:1.6em}
-table.ap-table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
-table.ap-table th,table.ap-table td{border:1px solid #ddd;padding:.2em .5em;text-align:right}
-table.ap-table th{background:#f4f4f4}
-dl.card{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
-dl.card dt{font-weight:600}dl.card dd{margin:0}
-.inputs li{font-family:ui-monospace,monospace;font-size:.85em;white-space:pre-wrap;
- word-break:break-all}
-.head-cell rect:hover{stroke:#000;stroke-width:2}
-.figure{overflow-x:auto}
-#ap-view .controls{margin:.5em 0}#ap-view .controls label{margin-right:1em}
-#ap-view .cols{display:flex;align-items:flex-start}
-#ap-view .tok{font-family:ui-monospace,monospace;font-size:12px;height:16px;line-height:16px;
- padding:0 4px;white-space:pre;cursor:default;border-radius:2px}
-#ap-view .left .tok{text-align:right}
-#ap-view svg.lines{flex:none}
-"""
-
-JS = r"""
+/* The attention view of an attnprobe report (inlined into the page; no network).
+   Reads the maps from the JSON element #ap-maps, decodes each map's
+   base64 uint8 weights (weight = byte / 255) and draws the chosen sentence / layer / head as
+   two token columns joined by lines whose opacity is the weight. Hovering a query token (left)
+   shows its row; hovering a key token (right) shows its column. Text is set with textContent,
+   never parsed as HTML, and bidirectional control characters are shown as U+202E the way
+   attnprobe/report/text.py shows them in the rest of the page. */
 (function(){
   "use strict";
   var el=document.getElementById("ap-maps");if(!el)return;
   var maps=JSON.parse(el.textContent), cache={};
   var root=document.getElementById("ap-view"), ROW=16, W=220;
+  var BIDI=/[\u202A-\u202E\u2066-\u2069]/g;
+  function show(t){return String(t).replace(BIDI,function(c){
+    return "\u27E8U+"+c.charCodeAt(0).toString(16).toUpperCase()+"\u27E9";});}
   function bytes(i){
     if(!cache[i]){var s=atob(maps[i].data),a=new Uint8Array(s.length);
       for(var j=0;j<s.length;j++)a[j]=s.charCodeAt(j);cache[i]=a;}
     return cache[i];
   }
   function opt(sel,items){sel.textContent="";items.forEach(function(it){
-    var o=document.createElement("option");o.value=it[0];o.textContent=it[1];sel.appendChild(o);});}
+    var o=document.createElement("option");o.value=it[0];o.textContent=show(it[1]);sel.appendChild(o);});}
   var sSel=root.querySelector(".sel-sentence"),lSel=root.querySelector(".sel-layer"),
       hSel=root.querySelector(".sel-head"),left=root.querySelector(".left"),
       right=root.querySelector(".right"),svg=root.querySelector("svg.lines");
@@ -53,7 +31,7 @@ JS = r"""
     var off=((+lSel.value)*m.shape[1]+(+hSel.value))*Q*K;
     return {a:bytes(i),off:off,Q:Q,K:K,m:m};}
   function col(parent,toks,side){parent.textContent="";toks.forEach(function(t,i){
-    var d=document.createElement("div");d.className="tok";d.textContent=t;d.dataset.i=i;
+    var d=document.createElement("div");d.className="tok";d.textContent=show(t);d.dataset.i=i;
     d.addEventListener("mouseenter",function(){draw(side,i);});
     d.addEventListener("mouseleave",function(){draw(null,-1);});
     parent.appendChild(d);});}
@@ -74,7 +52,8 @@ JS = r"""
         ln.setAttribute("stroke","#e6550d");ln.setAttribute("stroke-width",2);
         ln.setAttribute("stroke-opacity",side?v:v*0.6);
         var t=document.createElementNS(ns,"title");
-        t.textContent=w.m.query_tokens[q]+" \u2192 "+w.m.key_tokens[k]+": "+v.toFixed(3);
+        t.textContent=show(w.m.query_tokens[q])+" \u2192 "+show(w.m.key_tokens[k])+": "+
+          v.toFixed(3);
         ln.appendChild(t);svg.appendChild(ln);}}
     if(side==="q")lt[idx].style.background="#ddd";
     if(side==="k")rt[idx].style.background="#ddd";}
@@ -84,4 +63,3 @@ JS = r"""
   lSel.addEventListener("change",render);hSel.addEventListener("change",render);
   fillAxes();render();
 })();
-"""
