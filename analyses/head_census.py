@@ -35,7 +35,8 @@ import torch
 from harness.runs import analysis_main
 
 import attnprobe
-from attnprobe.heads import PRECEDENCE, census, layer_profile, parse
+from attnprobe.heads import RULES, census, layer_profile, parse
+from attnprobe.heads.label_rules import FALLBACK_COLOUR
 
 DATA = Path(__file__).resolve().parent / "data"
 KEY_RELATIONS = ("det", "dobj", "obj")
@@ -91,7 +92,7 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     census_s = time.perf_counter() - start
     labels = result.classify()
     counts = labels["label"].value_counts()
-    label_counts = pd.DataFrame({"label": [lb for lb in PRECEDENCE if lb in counts]})
+    label_counts = pd.DataFrame({"label": [lb for lb in RULES.precedence() if lb in counts]})
     label_counts["heads"] = [int(counts[lb]) for lb in label_counts["label"]]
     label_counts["share"] = label_counts["heads"] / len(labels)
     label_counts["layers"] = [
@@ -120,12 +121,9 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
 
 
 # ----------------------------------------------------------------------------------- plots
-def _label_colours() -> dict[str, tuple]:
-    import matplotlib
-
-    palette = matplotlib.colormaps["tab20"].colors
-    return {label: palette[(2 * i) % 20 if i < 10 else (2 * (i - 10) + 1) % 20]
-            for i, label in enumerate(PRECEDENCE)}
+def _label_colours() -> dict[str, str]:
+    """The label colours of the rule registry, so plots and the HTML report agree."""
+    return {label: RULES.colour(label) or FALLBACK_COLOUR for label in RULES.precedence()}
 
 
 def _grid(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -147,7 +145,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     written = []
 
     # 1. label of every head (categorical)
-    present = [lb for lb in PRECEDENCE if lb in set(labels["label"])]
+    present = [lb for lb in RULES.precedence() if lb in set(labels["label"])]
     code = {lb: i for i, lb in enumerate(present)}
     grid = _grid(labels.assign(code=labels["label"].map(code)), "code")
     fig, ax = plt.subplots(figsize=(1.0 + 0.62 * grid.shape[1], 1.2 + 0.55 * grid.shape[0]))
@@ -192,7 +190,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     profile = tables["layer_profile"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bottom = pd.Series(0.0, index=profile.index)
-    for label in PRECEDENCE:
+    for label in RULES.precedence():
         share = profile[f"share_{label}"]
         if share.sum() > 0:
             ax.bar(profile["layer"], share, bottom=bottom, color=colours[label], label=label)
@@ -240,7 +238,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     # 5. MDS of head distances, coloured by label
     clusters = tables["clusters"]
     fig, ax = plt.subplots(figsize=(7.5, 6))
-    for label in PRECEDENCE:
+    for label in RULES.precedence():
         sub = clusters[clusters["label"] == label]
         if len(sub):
             ax.scatter(sub["x"], sub["y"], color=colours[label], label=label, s=40,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from attnprobe.core.optional import require
-from attnprobe.errors import ModelNotFoundError
+from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
 
 DEFAULT_MODEL = "minilm"
 REF_PREFIX = "ref:"
@@ -36,15 +38,59 @@ def _model_class(transformers: Any, config: Any) -> Any:
     return transformers.AutoModel
 
 
+def _reason(exc: BaseException) -> str:
+    """The first line of a library's error, for a one-line message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _check_tokenizer(tokenizer: Any, path: Path) -> None:
+    """Refuse a tokenizer that knows nothing but its special tokens: transformers builds one
+    when the folder holds no tokenizer files, and then every word becomes ``[UNK]``."""
+    size = len(tokenizer)
+    if size <= len(set(tokenizer.all_special_ids)):
+        raise FileFormatError(f"{path} has no tokenizer files: the tokenizer built from it "
+                              f"knows only its {size} special tokens, so every word would be "
+                              f"{tokenizer.unk_token or 'unknown'}; save the tokenizer there "
+                              "(tokenizer.save_pretrained(folder))")
+
+
 def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     transformers = require("transformers")
+    broken_weights = (OSError, EOFError, RuntimeError, KeyError,
+                      require("safetensors").SafetensorError)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FileFormatError(f"{path / 'config.json'} is not a usable model config: "
+                              f"{_reason(exc)}") from None
     model_class = _model_class(transformers, config)
-    model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of a .bin
+            warnings.filterwarnings("ignore", module="torch._weights_only_unpickler")
+            model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
+    except pickle.UnpicklingError:  # torch.load(weights_only=True) met a non-tensor object
+        raise FileFormatError(f"{path}: the .bin checkpoint holds objects other than tensors, "
+                              "so it was not unpickled (only safetensors or weights-only "
+                              "checkpoints load)") from None
+    except broken_weights as exc:
+        raise FileFormatError(f"cannot load the weights in {path}: {_reason(exc)}") from None
+    except (ValueError, TypeError) as exc:  # mostly options from_pretrained refuses
+        what = f" with {kwargs}" if kwargs else ""
+        error = InputError if kwargs else FileFormatError
+        raise error(f"cannot load the model in {path}{what}: {_reason(exc)}") from None
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise InputError(f"the model in {path} was loaded without its weights (on the 'meta' "
+                         "device); load it without device_map='meta'")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FileFormatError(f"cannot load the tokenizer in {path}: {_reason(exc)}") from None
+    _check_tokenizer(tokenizer, path)
     return model.eval(), tokenizer
 
 

@@ -10,20 +10,28 @@ Conventions (shared by every module):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 import numpy as np
 import pandas as pd
 import torch
 
 from attnprobe.core.divergence import row_sum_tolerance
+from attnprobe.core.files import atomic_path
 from attnprobe.core.scope import head_id
-from attnprobe.errors import InputError
+from attnprobe.core.untrusted import (
+    DEFAULT_MAX_BYTES,
+    check_fields,
+    read_json,
+    read_npz,
+    sha256_of,
+)
+from attnprobe.errors import FileFormatError, InputError, OutputError
 
 __all__ = ["ATTRIBUTION_COLUMNS", "MAP_COLUMNS", "AttentionMap", "ModelInfo", "TokenAttribution",
-           "head_id", "load_maps", "save_maps"]
+           "head_id", "is_maps_sidecar", "load_maps", "maps_paths", "save_maps"]
 
 Kind = Literal["self", "cross"]
 
@@ -267,52 +275,124 @@ class TokenAttribution:
                             columns=list(ATTRIBUTION_COLUMNS))
 
 
-def _paths(path: str | Path) -> tuple[Path, Path]:
+def maps_paths(path: str | Path) -> tuple[Path, Path]:
+    """``(npz, json)``: where :func:`save_maps` writes maps given ``path`` (``.npz`` added
+    unless present) and the ``.json`` sidecar next to it."""
     path = Path(path)
     npz = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
     return npz, npz.with_suffix(".json")
 
 
+def is_maps_sidecar(path: str | Path) -> bool:
+    """Whether ``path`` is a ``.json`` sidecar written by :func:`save_maps` (saving maps may
+    replace it; any other file there is the user's and is never overwritten)."""
+    try:
+        spec = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    entries = spec.get("maps") if isinstance(spec, dict) else None
+    return isinstance(entries, list) and all(
+        isinstance(m, dict) and "format_version" in m for m in entries)
+
+
 def save_maps(maps: list[AttentionMap], path: str | Path) -> Path:
-    """Save several maps to one ``.npz`` (float32 arrays) plus a ``.json`` sidecar."""
+    """Save several maps to one ``.npz`` (float32 arrays) plus a ``.json`` sidecar.
+
+    Both files are written atomically (temporary file + rename), and the sidecar records the
+    ``.npz``'s SHA-256, so a save killed between the two renames leaves a pair that
+    :func:`load_maps` refuses rather than one that mixes two saves.
+
+    Raises:
+        InputError: no maps.
+        OutputError: the ``.npz`` or ``.json`` path is a directory or cannot be written, or
+            the ``.json`` exists and is not the sidecar of saved maps.
+    """
     if not maps:
         raise InputError("no attention maps to save")
-    npz, meta = _paths(path)
-    npz.parent.mkdir(parents=True, exist_ok=True)
+    npz, meta = maps_paths(path)
+    if meta.is_file() and not is_maps_sidecar(meta):
+        raise OutputError(f"saving maps to {npz} would overwrite {meta}, which is not the "
+                          "sidecar of saved maps; choose another name")
     arrays: dict[str, np.ndarray] = {}
     for i, amap in enumerate(maps):
         arrays[f"pattern_{i}"] = amap.pattern.numpy()
         if amap.scores is not None:
             arrays[f"scores_{i}"] = amap.scores.numpy()
-    np.savez_compressed(npz, **arrays)
-    meta.write_text(json.dumps({"maps": [m._meta() for m in maps]}, indent=1))
+    with atomic_path(npz) as npz_part, atomic_path(meta) as meta_part:
+        with open(npz_part, "wb") as stream:
+            np.savez_compressed(stream, **arrays)
+        spec = {"npz_sha256": sha256_of(npz_part), "maps": [m._meta() for m in maps]}
+        meta_part.write_text(json.dumps(spec, indent=1))
     return npz
 
 
-def load_maps(path: str | Path) -> list[AttentionMap]:
-    """Inverse of :func:`save_maps`; never unpickles."""
-    npz, meta = _paths(path)
-    if not npz.exists() or not meta.exists():
-        raise InputError(f"expected {npz} and {meta}")
-    spec = json.loads(meta.read_text())
-    with np.load(npz, allow_pickle=False) as arrays:
-        maps = []
-        for i, m in enumerate(spec["maps"]):
-            if m.get("format_version") != FORMAT_VERSION:
-                raise InputError(f"{meta}: unsupported format_version {m.get('format_version')}")
-            scores = arrays[f"scores_{i}"] if f"scores_{i}" in arrays else None
-            maps.append(AttentionMap(
-                pattern=torch.from_numpy(arrays[f"pattern_{i}"].copy()),
-                scores=None if scores is None else torch.from_numpy(scores.copy()),
-                query_tokens=tuple(m["query_tokens"]),
-                key_tokens=tuple(m["key_tokens"]),
-                layers=tuple(m["layers"]),
-                heads=tuple(m["heads"]),
-                kind=m["kind"],
-                stack=m["stack"],
-                example_id=m["example_id"],
-                check_rows=m["check_rows"],
-                info=ModelInfo.from_dict(m["info"]),
-            ))
-    return maps
+# What a sidecar holds, as type hints; checked on load before anything is built.
+SIDECAR_FIELDS = {"npz_sha256": str, "maps": list[Any]}  # older files have no npz_sha256
+MAP_FIELDS = {"format_version": int, "query_tokens": list[str], "key_tokens": list[str],
+              "layers": list[int], "heads": list[int], "kind": str, "stack": str,
+              "example_id": str, "check_rows": bool, "info": Any}
 
+
+def _read_sidecar(meta: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str | None]:
+    """``(map entries, npz digest)`` of a sidecar, checked to be what save_maps writes."""
+    spec = check_fields(read_json(meta, max_bytes=max_bytes), SIDECAR_FIELDS, str(meta),
+                        required=["maps"])
+    if not spec["maps"]:
+        raise FileFormatError(f"{meta}: 'maps' is empty")
+    info_fields = get_type_hints(ModelInfo)
+    info_required = [f.name for f in fields(ModelInfo) if f.default is MISSING
+                     and f.default_factory is MISSING]
+    for i, entry in enumerate(spec["maps"]):
+        where = f"{meta}: map {i}"
+        version = entry.get("format_version", FORMAT_VERSION) if isinstance(entry, dict) \
+            else FORMAT_VERSION
+        if version != FORMAT_VERSION:  # first: a newer file may differ in every other field
+            raise FileFormatError(f"{where}: unsupported format_version {version!r} (this "
+                                  f"attnprobe reads {FORMAT_VERSION})")
+        check_fields(entry, MAP_FIELDS, where)
+        check_fields(entry["info"], info_fields, f"{where}: info", required=info_required)
+    return spec["maps"], spec.get("npz_sha256")
+
+
+def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | None,
+            where: str) -> AttentionMap:
+    try:
+        return AttentionMap(
+            pattern=torch.from_numpy(pattern.astype(np.float32)),
+            scores=None if scores is None else torch.from_numpy(scores.astype(np.float32)),
+            query_tokens=tuple(entry["query_tokens"]), key_tokens=tuple(entry["key_tokens"]),
+            layers=tuple(entry["layers"]), heads=tuple(entry["heads"]), kind=entry["kind"],
+            stack=entry["stack"], example_id=entry["example_id"],
+            check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]))
+    except InputError as exc:
+        raise FileFormatError(f"{where}: {exc}") from None
+
+
+def load_maps(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[AttentionMap]:
+    """Inverse of :func:`save_maps`; never unpickles, and checks before it loads.
+
+    The sidecar is read and checked first; its recorded SHA-256 must match the ``.npz``;
+    then the ``.npz``'s zip directory and ``.npy`` headers must declare exactly the arrays
+    and shapes the sidecar describes, within ``max_bytes`` in total (default 1 GiB), before
+    any array is inflated (see :mod:`attnprobe.core.untrusted`).
+
+    Raises:
+        InputError: the ``.npz`` or its ``.json`` sidecar is missing.
+        FileFormatError: anything malformed, inconsistent or over ``max_bytes`` (one line).
+    """
+    npz, meta = maps_paths(path)
+    if not npz.is_file() or not meta.is_file():
+        raise InputError(f"no saved maps at {npz}: expected {npz} and its sidecar {meta}")
+    entries, digest = _read_sidecar(meta, max_bytes)
+    expected: dict[str, tuple[int, ...]] = {}
+    for i, entry in enumerate(entries):
+        shape = (len(entry["layers"]), len(entry["heads"]), len(entry["query_tokens"]),
+                 len(entry["key_tokens"]))
+        expected[f"pattern_{i}"] = expected[f"scores_{i}"] = shape
+    if digest is not None and sha256_of(npz) != digest:
+        raise FileFormatError(f"{npz} is not the file its sidecar {meta.name} was written with "
+                              "(an interrupted save, or files from two saves); save again")
+    arrays = read_npz(npz, expected, required=[f"pattern_{i}" for i in range(len(entries))],
+                      max_bytes=max_bytes)
+    return [_map_of(entry, arrays[f"pattern_{i}"], arrays.get(f"scores_{i}"), f"{meta}: map {i}")
+            for i, entry in enumerate(entries)]

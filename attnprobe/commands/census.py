@@ -42,7 +42,8 @@ def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, rep
 def cmd_heads(args: argparse.Namespace) -> int:
     from attnprobe.heads.labels import PRECEDENCE
 
-    out, profile, distances = check_tables(("--out", args.out), ("--profile", args.profile),
+    out, profile, distances = check_tables(args, ("--out", args.out),
+                                           ("--profile", args.profile),
                                            ("--distances", args.distances))
     if distances is not None and args.no_similarity:
         raise AttnProbeError("--distances needs head similarity; drop --no-similarity")
@@ -70,7 +71,7 @@ def cmd_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_syntax(args: argparse.Namespace) -> int:
-    (out,) = check_tables(("--out", args.out))
+    (out,) = check_tables(args, ("--out", args.out))
     with distributed_group(args.distributed) as (rank, world):
         result = _run_census(args, syntax=True, similarity=False, repeated=False,
                              from_agg=args.from_agg, world=world, rank=rank)

@@ -177,11 +177,18 @@ def table_path(out: str | None, option: str) -> Path | None:
     return path
 
 
-def check_tables(*outputs: tuple[str, str | None]) -> list[Path | None]:
+def input_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The files a command reads (``--text-file``, ``--conllu``): no output may replace one."""
+    return [(option, getattr(args, option[2:].replace("-", "_"), None))
+            for option in ("--text-file", "--conllu")]
+
+
+def check_tables(args: argparse.Namespace, *outputs: tuple[str, str | None]
+                 ) -> list[Path | None]:
     """Each ``(option, path)`` as a table path, all checked together before the run (no two
-    the same, none a directory, every folder writable)."""
+    the same, none a directory or a file the command reads, every folder writable)."""
     paths = [table_path(value, option) for option, value in outputs]
-    check_outputs(list(outputs))
+    check_outputs(list(outputs), inputs=input_files(args))
     return paths
 
 

@@ -14,6 +14,7 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
+    input_files,
     report_skipped,
     show_rows,
     texts_from_args,
@@ -29,15 +30,19 @@ EXTRACT_EXAMPLE = """example:
 
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    """Check --out (and its .json sidecar) and --bertviz together, before the run."""
+    """Check --out (and the .json sidecar of a .npz) and --bertviz together, before the run:
+    no collision, no directory, no unrelated file replaced, no input overwritten."""
+    from attnprobe.types import is_maps_sidecar, maps_paths
+
     out = Path(args.out)
     if out.suffix not in (".npz", *TABLE_SUFFIXES):
         raise OutputError(f"--out must end in .npz or {', '.join(TABLE_SUFFIXES)}; got {out}")
     bertviz = Path(args.bertviz) if args.bertviz else None
     if bertviz is not None and bertviz.suffix != ".json":
         raise OutputError(f"--bertviz must end in .json; got {bertviz}")
-    sidecars = [out.with_suffix(".json")] if out.suffix == ".npz" else []
-    check_outputs([("--out", out), ("--bertviz", bertviz)], sidecars=sidecars)
+    sidecars = [(maps_paths(out)[1], is_maps_sidecar)] if out.suffix == ".npz" else []
+    check_outputs([("--out", out), ("--bertviz", bertviz)], sidecars=sidecars,
+                  inputs=input_files(args))
     return out, bertviz
 
 

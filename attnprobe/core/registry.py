@@ -30,6 +30,12 @@ class Registry(Generic[T]):
 
         return add
 
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` and return what it held (e.g. a test's temporary entry)."""
+        if name not in self._items:
+            raise KeyError(one_of(self.kind, name, self.names()))
+        return self._items.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

@@ -22,7 +22,7 @@ from attnprobe.core.tokens import token_classes
 from attnprobe.heads.census_stats import CensusStats
 from attnprobe.heads.dependencies import SyntaxCounts, syntax
 from attnprobe.heads.head_census import Census, census
-from attnprobe.heads.labels import PRECEDENCE, Thresholds, classify_scores, layer_profile
+from attnprobe.heads.labels import RULES, Thresholds, classify_scores, layer_profile
 from attnprobe.heads.probe import repeated_token_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.summary import classify, summarize, tally_maps
@@ -30,7 +30,7 @@ from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words
 
 __all__ = [
-    "PRECEDENCE", "REDUCERS", "Census", "CensusStats", "Entropy", "HeadDistances", "KeyMass",
+    "REDUCERS", "RULES", "Census", "CensusStats", "Entropy", "HeadDistances", "KeyMass",
     "MaxWeight", "OffsetMass", "Reducer", "RowBlock", "SyntaxCounts", "Tally", "Thresholds",
     "Tree", "align_tokens", "census", "classify", "classify_scores", "cluster_heads",
     "default_reducers", "layer_profile", "parse", "read_conllu", "repeated_token_scores",

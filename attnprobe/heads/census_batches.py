@@ -14,7 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.text import encode, max_length_of, model_inputs, token_lengths
+from attnprobe.capture.text import (
+    encode,
+    max_length_of,
+    model_inputs,
+    model_keys,
+    token_lengths,
+)
 from attnprobe.errors import InputError
 from attnprobe.heads.trees import Tree
 
@@ -54,7 +60,7 @@ class CensusBatch:
         enc = self.tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
         token_word = torch.tensor([[-1 if w is None else w for w in enc.word_ids(b)]
                                    for b in range(len(items))], dtype=torch.long)
-        batch = {k: enc[k] for k in ("input_ids", "attention_mask")}
+        batch = model_keys(enc)
         return model_inputs(self.model, batch), token_word
 
 

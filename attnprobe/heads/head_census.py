@@ -298,9 +298,15 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
             trees, texts = parse(texts, nlp=nlp), None
     elif syntax is False:
         raise InputError("trees were given but syntax=False; pass texts instead")
+    if isinstance(trees, (str, Tree)):
+        raise InputError("trees must be a list of Tree objects; wrap a single tree in a list")
     trees = list(trees) if trees is not None else None
     if trees is not None and not trees:
         raise InputError("no trees given")
+    wrong = next((i for i, tree in enumerate(trees or ()) if not isinstance(tree, Tree)), None)
+    if wrong is not None:
+        raise InputError(f"trees[{wrong}] is a {type(trees[wrong]).__name__}, not a Tree "
+                         "(read_conllu or parse make them; raw sentences go in texts)")
     batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
                                     truncation=truncation, max_length=max_length)
     classes = token_classes(tokenizer)

@@ -16,6 +16,7 @@ spaCy is imported lazily: importing this module needs neither spaCy nor the mode
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +36,9 @@ class Tree:
     Args:
         sentence_id: label used in tables and error messages.
         words: the word forms, in order (``n`` words).
-        heads: ``n`` 1-based head indices; 0 marks a root (several roots are allowed, e.g. a
-            text that spaCy split into several sentences).
+        heads: ``n`` 1-based head indices (integers; ``2.5`` is refused, not truncated); 0
+            marks a root. Several roots are allowed (a text that spaCy split into several
+            sentences); a word whose heads never lead to a root (a cycle) is not.
         relations: ``n`` dependency labels as given (``root`` for the roots).
         text: the raw sentence text when known.
     """
@@ -53,8 +55,8 @@ class Tree:
         object.__setattr__(self, "relations", tuple(self.relations))
         where = f"sentence {self.sentence_id}"
         try:
-            heads = tuple(int(h) for h in self.heads)
-        except (TypeError, ValueError):
+            heads = tuple(_head_index(h) for h in self.heads)
+        except TypeError:
             raise InputError(f"{where}: heads must be integers; got {self.heads}") from None
         object.__setattr__(self, "heads", heads)
         n = len(self.words)
@@ -74,9 +76,45 @@ class Tree:
                 raise InputError(f"{where}: word {i} {word!r} has head {head} outside 0..{n}")
             if head == i:
                 raise InputError(f"{where}: word {i} {word!r} is its own head")
+        if 0 not in heads:
+            raise InputError(f"{where}: no word has head 0; a tree needs a root")
+        cycle = head_cycle(heads)
+        if cycle:
+            raise InputError(f"{where}: the heads of words {_arrows(cycle)} form a cycle; "
+                             "every word must lead to a root (head 0)")
 
     def __len__(self) -> int:
         return len(self.words)
+
+
+def _head_index(value: Any) -> int:
+    """An integer head; ``operator.index`` takes ints (numpy's too) and refuses ``2.5``
+    where ``int()`` would cut it to 2."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a head index")
+    return operator.index(value)
+
+
+def head_cycle(heads: Sequence[int]) -> list[int]:
+    """The 1-based words of the first cycle of head links (``[2, 3]`` when 2's head is 3 and
+    3's head is 2), ``[]`` when every word leads to a root. Heads must lie in ``0..n``."""
+    rooted = {0}
+    for start in range(1, len(heads) + 1):
+        path: list[int] = []
+        on_path: set[int] = set()
+        word = start
+        while word not in rooted:
+            if word in on_path:
+                return path[path.index(word):]
+            path.append(word)
+            on_path.add(word)
+            word = heads[word - 1]
+        rooted.update(path)  # each word joins ``rooted`` once: linear in n overall
+    return []
+
+
+def _arrows(cycle: list[int]) -> str:
+    return " -> ".join(str(w) for w in [*cycle, cycle[0]])
 
 
 # ------------------------------------------------------------------------------------- CoNLL-U
@@ -156,10 +194,26 @@ def _tree_of(block: list[tuple[int, str]], default_id: str, name: str) -> Tree |
             problem = "is the word itself" if head == index else f"is outside 0..{len(words)}"
             raise InputError(f"{name}: sentence {sentence_id}, line {number}: head {head} "
                              f"{problem}")
+    _check_one_tree(heads, lines, f"{name}: sentence {sentence_id}")
     try:
         return Tree(sentence_id, tuple(words), tuple(heads), tuple(relations), text)
     except InputError as exc:
         raise InputError(f"{name} (lines {lines[0]}-{lines[-1]}): {exc}") from None
+
+
+def _check_one_tree(heads: list[int], lines: list[int], where: str) -> None:
+    """One root, and every word leads to it (CoNLL-U: one tree per sentence)."""
+    roots = [number for number, head in zip(lines, heads, strict=True) if head == 0]
+    if not roots:
+        raise InputError(f"{where}, lines {lines[0]}-{lines[-1]}: no word has head 0; a "
+                         "sentence needs exactly one root")
+    if len(roots) > 1:
+        raise InputError(f"{where}, line {roots[1]}: a second root (head 0; the first is on "
+                         f"line {roots[0]}); a sentence has exactly one")
+    cycle = head_cycle(heads)
+    if cycle:
+        raise InputError(f"{where}, line {lines[cycle[0] - 1]}: the heads of words "
+                         f"{_arrows(cycle)} form a cycle and never reach the root")
 
 
 def read_conllu(source: str | Path) -> list[Tree]:
@@ -172,8 +226,9 @@ def read_conllu(source: str | Path) -> list[Tree]:
 
     Raises:
         InputError: missing file, no sentence, a line without 10 tab-separated columns, a
-            non-integer ID or HEAD, IDs not ``1..n`` in order, or a head out of range; the
-            message names the sentence id and line number.
+            non-integer ID or HEAD, IDs not ``1..n`` in order, a head out of range, a
+            sentence with no root or several, or heads that form a cycle; the message names
+            the sentence id and line number.
     """
     text, name = _source_text(source)
     trees: list[Tree] = []

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import attnprobe as ap
-from attnprobe.heads import PRECEDENCE, census, parse
+from attnprobe.heads import RULES, census, parse
 from tests.conftest import track
 
 CORPUS = Path(__file__).parents[2] / "analyses" / "data" / "census_sentences.txt"
@@ -58,13 +58,13 @@ def test_every_head_gets_a_label_and_its_evidence(result):
     _, found = result
     labels = found.classify()
     assert len(labels) == 6 * 12
-    assert set(labels["label"]) <= set(PRECEDENCE)
+    assert set(labels["label"]) <= set(RULES.precedence())
     fired = labels[labels["label"] != "heterogeneous"]
     assert (fired["evidence"].str.len() > 0).all()
     # BERT-style models keep [CLS]/[SEP] sinks and at least one syntactic head (Clark et al.)
     assert {"sink", "syntactic"} <= set(labels["label"])
     profile = found.layer_profile()
-    shares = profile[[f"share_{label}" for label in PRECEDENCE]].sum(axis=1)
+    shares = profile[[f"share_{label}" for label in RULES.precedence()]].sum(axis=1)
     assert shares.to_numpy() == pytest.approx(1.0)
 
 

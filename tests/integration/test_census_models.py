@@ -524,7 +524,7 @@ def test_causal_uniform_head_is_broad_on_short_sentences():
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "capture/recorder.py Recorder._reduce: the hook seam (reference models) passes no "
+    "capture/parts.py Reduce.on_rows: the hook seam (reference models) passes no "
     "'visible', so it is estimated as the keys some head of the layer gives weight > 0; when "
     "every head underflows to exact zeros, visible keys are undercounted and the streamed "
     "entropy_norm (NaN) / chance_weight (1.0) differ from the stored-maps path (info.causal)"))

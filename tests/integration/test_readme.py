@@ -6,8 +6,12 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def test_readme_python_examples_run(monkeypatch):
-    monkeypatch.chdir(README.parent)  # the examples use paths relative to the repository
+def test_readme_python_examples_run(monkeypatch, tmp_path):
+    # the examples read files relative to the repository and write files there: run them in
+    # a folder that sees the repository's inputs and keeps what they write
+    for name in ("analyses", "tests"):
+        (tmp_path / name).symlink_to(README.parent / name)
+    monkeypatch.chdir(tmp_path)
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 2
     namespace: dict = {}

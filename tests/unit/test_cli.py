@@ -1,13 +1,16 @@
 """The attnprobe command, run in-process (main) and once as a real subprocess."""
 
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from attnprobe import load_maps
 from attnprobe.cli import main
+from tests.helpers import bert_tokenizer, bert_vocab, run_cli, tiny_bert
 
 
 def test_models_lists_reference_models_and_families(capsys):
@@ -90,3 +93,183 @@ def test_unwritable_out_fails_before_the_run(capsys):
                  "--out", "/proc/no/such/maps.npz"])
     captured = capsys.readouterr()
     assert code == 2 and "entropy" not in captured.out and captured.err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ outputs (issue 11, fault 2)
+EXTRACT = ["extract", "--model", "ref:encoder", "--text", "the cat sat", "--quiet"]
+
+
+def refused_before_the_run(argv, capsys, message):
+    """Exit 2 with one line naming ``message``, and no model ran: no summary printed."""
+    code, printed, err = run_cli(argv, capsys)
+    assert code == 2, err
+    assert err.startswith("attnprobe: error:") and err.count("\n") == 1, err
+    assert message in err, err
+    assert printed == ""  # the summary table is printed right after the run
+    return err
+
+
+def test_out_npz_and_bertviz_on_its_sidecar_are_refused(tmp_path, capsys):
+    refused_before_the_run([*EXTRACT, "--out", str(tmp_path / "m.npz"), "--bertviz",
+                            str(tmp_path / "m.json")], capsys,
+                           f"--bertviz {tmp_path / 'm.json'} is also the .json sidecar")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_npz_never_overwrites_an_unrelated_json(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "bert"}')
+    refused_before_the_run([*EXTRACT, "--out", str(tmp_path / "config.npz")], capsys,
+                           f"would overwrite {config}, which is not a sidecar")
+    assert config.read_text() == '{"model_type": "bert"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_out_npz_replaces_its_own_earlier_maps(tmp_path, capsys):
+    out = tmp_path / "m.npz"
+    assert run_cli([*EXTRACT, "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["extract", "--model", "ref:encoder", "--text", "a dog ran on the mat",
+                    "--quiet", "--out", str(out)], capsys)[0] == 0
+    (amap,) = load_maps(out)
+    assert amap.query_tokens == ("[BOS]", "a", "dog", "ran", "on", "the", "mat")
+
+
+@pytest.mark.parametrize(("out", "bertviz", "message"), [
+    ("m.npz/", None, "--out {tmp}/m.npz is a directory"),
+    ("m.npz", "viz.json/", "--bertviz {tmp}/viz.json is a directory"),
+    ("m.npz", "viz/", "--bertviz must end in .json"),
+    ("side.npz", None, "the sidecar {tmp}/side.json of an output is a directory"),
+    ("t.json", "t.json", "--bertviz and --out both write {tmp}/t.json"),
+    ("m.npz", "/proc/no/such/v.json", "--bertviz: cannot write /proc/no/such/v.json"),
+])
+def test_directory_colliding_and_unwritable_outputs_are_refused(out, bertviz, message,
+                                                                 tmp_path, capsys):
+    for name in (out, bertviz, "side.json/"):
+        if name and name.endswith("/"):
+            (tmp_path / name).mkdir()
+    argv = [*EXTRACT, "--out", str(tmp_path / out.rstrip("/"))]
+    if bertviz:
+        argv += ["--bertviz", bertviz if bertviz.startswith("/") else
+                 str(tmp_path / bertviz.rstrip("/"))]
+    refused_before_the_run(argv, capsys, message.format(tmp=tmp_path))
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))  # nothing was written
+
+
+def test_out_may_not_overwrite_the_text_file(tmp_path, capsys):
+    texts = tmp_path / "texts.json"
+    texts.write_text("the cat sat\n")
+    refused_before_the_run(["extract", "--model", "ref:encoder", "--text-file", str(texts),
+                            "--out", str(texts)], capsys,
+                           f"--out {texts} is also the --text-file input")
+    assert texts.read_text() == "the cat sat\n"
+
+
+# A process killed while it writes: the write is stopped by SIGKILL half way, as `kill -9`
+# (or the OOM killer) would stop it. Only the writer is replaced; the run is the real one.
+KILLED_WHILE_WRITING = """
+import os, signal, sys
+import numpy as np, pandas as pd
+
+def half_then_killed(target, *args, **kwargs):
+    if not isinstance(target, (str, os.PathLike)):  # an open file: write where it points
+        target = target.name
+    with open(target, "ab") as stream:
+        stream.write(b"PK\\x03\\x04 half an archive" if str(target).endswith(".npz")
+                     else b"example_id,stack,kind,layer\\n0,,self,0\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+np.savez_compressed = half_then_killed
+pd.DataFrame.to_csv = lambda self, path, **kwargs: half_then_killed(path)
+from attnprobe.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["maps.npz", "maps.csv"])
+def test_a_run_killed_while_writing_leaves_the_previous_output(name, tmp_path):
+    out = tmp_path / name
+    argv = ["extract", "--model", "ref:encoder", "--text", "the cat sat", "--quiet",
+            "--out", str(out)]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, *argv[:-4],
+                             "a dog ran on the mat", *argv[-3:]], capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if not p.name.startswith(".")}
+    assert after == before  # the old output, whole; only a hidden .part file is left
+    if name.endswith(".npz"):
+        assert load_maps(out)[0].query_tokens == ("[BOS]", "the", "cat", "sat")
+    else:
+        assert set(pd.read_csv(out).query_token) == {"[BOS]", "the", "cat", "sat"}
+
+
+def test_ctrl_c_while_writing_exits_130_and_keeps_the_old_file(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "maps.npz"
+    assert run_cli([*EXTRACT, "--out", str(out)], capsys)[0] == 0
+    before = out.read_bytes()
+
+    def interrupted(stream, **arrays):
+        stream.write(b"PK\x03\x04 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez_compressed", interrupted)
+    code, _, err = run_cli([*EXTRACT, "--out", str(out)], capsys)
+    assert code == 130 and err == "attnprobe: interrupted\n"
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["maps.json", "maps.npz"]
+
+
+# ------------------------------------------------------------------ messages (fault 9)
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    """A saved tiny BERT whose tokenizer adds [CLS] and [SEP]."""
+    folder = tmp_path_factory.mktemp("bert")
+    vocab = bert_vocab()
+    tiny_bert(vocab).save_pretrained(folder)
+    bert_tokenizer(vocab).save_pretrained(folder)
+    return str(folder)
+
+
+def test_max_length_below_the_special_tokens_says_it_cannot_be_cut(bert_dir, tmp_path, capsys):
+    code, printed, err = run_cli(["extract", "--model", bert_dir, "--text", "the cat sat",
+                                  "--max-length", "1", "--truncate", "--quiet",
+                                  "--out", str(tmp_path / "m.npz")], capsys)
+    assert code == 2 and printed == "" and err.count("\n") == 1
+    assert "text 0 cannot be cut to 1 tokens" in err and "raise --max-length" in err
+    assert "need at least 3" in err  # [CLS] [SEP] and one word
+    assert "pass --truncate" not in err and "--truncate" not in err.split("cut to")[1]
+
+
+def test_show_0_is_a_usage_error(capsys):
+    code, printed, err = run_cli(["extract", "--text", "hi", "--show", "0"], capsys)
+    assert code == 2 and printed == ""
+    assert err == "attnprobe: error: argument --show: expected a number >= 1; got 0\n"
+
+
+def test_version_prints_the_version(capsys):
+    from attnprobe import __version__
+
+    code, printed, err = run_cli(["--version"], capsys)
+    assert code == 0 and printed == f"attnprobe {__version__}\n" and err == ""
+
+
+@pytest.mark.parametrize("text", ["the cat\t", "\tthe cat", "the cat\t  "])
+def test_a_sentence_pair_with_an_empty_half_is_refused(text, bert_dir, tmp_path, capsys):
+    refused_before_the_run(["extract", "--model", bert_dir, "--text", "a dog", "--text", text,
+                            "--quiet", "--out", str(tmp_path / "m.npz")], capsys,
+                           "text 1 is a sentence pair (it has a tab) with an empty half")
+    assert not (tmp_path / "m.npz").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["extract"], ["heads", "--no-repeated"], ["compare", "--target", "class:0"],
+    ["perturb", "--experiment", "uniform"], ["report"],
+])
+def test_no_command_overwrites_its_text_file(command, tmp_path, capsys):
+    texts = tmp_path / ("texts.html" if command == ["report"] else "texts.csv")
+    texts.write_text("the cat sat\n")
+    before = texts.read_bytes()
+    code, printed, err = run_cli([*command, "--model", "ref:encoder", "--text-file", str(texts),
+                                  "--out", str(texts), "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "input" in err
+    assert texts.read_bytes() == before and printed == ""

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 
 import pandas as pd
@@ -326,3 +330,101 @@ def test_usage_errors_are_one_line(argv, message, capsys):
     code, _, err = run(argv, capsys)
     assert code == 2
     assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ issue 11: outputs, inputs
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--out", "{tmp}/h.csv", "--profile", "{tmp}/h.csv"], "--profile and --out both write"),
+    (["--out", "{tmp}/h.csv", "--distances", "{tmp}/sub/../h.csv"],
+     "--distances and --out both write"),
+    (["--out", "{tmp}/h.csv", "--profile", "{tmp}/p.csv", "--distances", "{tmp}/p.csv"],
+     "--distances and --profile both write"),
+    (["--out", "{tmp}/folder.csv"], "--out {tmp}/folder.csv is a directory"),
+    (["--out", "{tmp}/h.csv", "--profile", "/proc/no/such/p.csv"],
+     "--profile: cannot write /proc/no/such/p.csv"),
+    (["--out", "{tmp}/texts.csv"], "--out {tmp}/texts.csv is also the --text-file input"),
+])
+def test_heads_refuses_bad_outputs_before_the_run(extra, message, tiny_bert, tmp_path, capsys):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "folder.csv").mkdir()
+    texts = tmp_path / "texts.csv"
+    texts.write_text("the cat chased a small mouse .\n")
+    code, printed, err = run(["heads", "--model", tiny_bert, "--text-file", str(texts),
+                              *(a.format(tmp=tmp_path) for a in extra)], capsys)
+    assert code == 2
+    assert err.startswith("attnprobe: error:") and err.count("\n") == 1
+    assert message.format(tmp=tmp_path) in err
+    assert printed == "" and "census" not in err  # no progress bar: the model never ran
+    assert not (tmp_path / "h.csv").exists() and not (tmp_path / "p.csv").exists()
+    assert texts.read_text() == "the cat chased a small mouse .\n"
+
+
+def test_syntax_out_may_not_overwrite_the_conllu_input(tiny_bert, tmp_path, capsys):
+    conllu = tmp_path / "trees.csv"  # an odd name for a CoNLL-U file, but a possible one
+    conllu.write_text(CONLLU)
+    code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
+                              "--out", str(conllu)], capsys)
+    assert code == 2 and printed == "" and "is also the --conllu input" in err
+    assert conllu.read_text() == CONLLU
+
+
+@pytest.mark.parametrize("command", ["heads", "syntax"])
+def test_a_sentence_pair_with_an_empty_half_is_refused(command, tiny_bert, tmp_path, capsys):
+    code, printed, err = run([command, "--model", tiny_bert, "--text", "the cat\t",
+                              "--quiet", "--out", str(tmp_path / "t.csv")], capsys)
+    assert code == 2 and printed == "" and err.count("\n") == 1
+    assert "text 0 is a sentence pair (it has a tab) with an empty half" in err
+    assert not (tmp_path / "t.csv").exists()
+
+
+def test_a_conllu_file_with_a_cycle_is_refused_with_its_line(tiny_bert, tmp_path, capsys):
+    # s1: "The" (line 3) takes "cat" as head and "cat" (line 4) takes "The": a loop
+    looped = CONLLU.replace("2\tcat\tcat\tNOUN\t_\t_\t3\tnsubj",
+                            "2\tcat\tcat\tNOUN\t_\t_\t1\tnsubj")
+    path = tmp_path / "looped.conllu"
+    path.write_text(looped)
+    code, printed, err = run(["heads", "--model", tiny_bert, "--conllu", str(path), "--quiet",
+                              "--out", str(tmp_path / "h.csv")], capsys)
+    assert code == 2 and printed == ""
+    assert f"{path}: sentence s1, line 3: the heads of words 1 -> 2 -> 1 form a cycle" in err
+
+
+# Ctrl-C during `heads --syntax`: a real process gets SIGINT while spaCy parses. The parse is
+# wrapped only to say on stderr when it starts, so the signal lands inside it.
+ANNOUNCE_PARSE = """
+import sys
+import attnprobe.heads.head_census as head_census
+parse = head_census.parse
+
+def announced(*args, **kwargs):
+    print("parsing", file=sys.stderr, flush=True)
+    return parse(*args, **kwargs)
+
+head_census.parse = announced
+from attnprobe.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_heads_syntax_exits_130_without_a_traceback(tiny_bert, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat chased a small mouse on the big red mat .\n" * 20000)
+    out = tmp_path / "h.csv"
+    process = subprocess.Popen([sys.executable, "-c", ANNOUNCE_PARSE, "heads", "--syntax",
+                                "--model", tiny_bert, "--text-file", str(texts),
+                                "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if line.strip() == "parsing":
+                break
+        time.sleep(0.5)  # inside spaCy's parse of 20000 sentences
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        process.send_signal(signal.SIGINT)
+        rest = process.stderr.read()
+        code = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert code == 130, rest
+    assert rest == "attnprobe: interrupted\n"
+    assert not out.exists() and not list(tmp_path.glob(".h.csv*"))

@@ -1,12 +1,17 @@
+import hashlib
 import json
 import math
+import os
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
 
 from attnprobe import AttentionMap, InputError, ModelInfo, load_maps, save_maps
-from attnprobe.types import MAP_COLUMNS
+from attnprobe.errors import FileFormatError, OutputError
+from attnprobe.types import MAP_COLUMNS, is_maps_sidecar
+from tests.unit.crafted_files import CASES, entry, sidecar, zeros_bomb
 
 INFO = ModelInfo(name="toy", arch="toy", n_layers=3, n_heads=2, causal=False)
 
@@ -111,3 +116,159 @@ def test_save_keeps_dotted_names(tmp_path):
     path = make_map().save(tmp_path / "run.v2")
     assert path.name == "run.v2.npz" and (tmp_path / "run.v2.json").exists()
     assert AttentionMap.load(tmp_path / "run.v2").shape == (3, 2, 4, 4)
+
+
+# ----------------------------------------------------------------- saving is atomic
+def _killed(stream, **arrays):
+    """np.savez_compressed that dies half way, as a killed process would."""
+    stream.write(b"PK\x03\x04 half an archive")
+    raise KeyboardInterrupt
+
+
+def test_a_save_that_dies_leaves_the_old_pair_and_no_temporary(tmp_path, monkeypatch):
+    old = [make_map(example_id="old")]
+    save_maps(old, tmp_path / "maps.npz")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(np, "savez_compressed", _killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_maps([make_map(n=6, example_id="new")], tmp_path / "maps.npz")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    (loaded,) = load_maps(tmp_path / "maps.npz")
+    assert loaded.example_id == "old" and torch.equal(loaded.pattern, old[0].pattern)
+
+
+def test_saved_files_get_ordinary_permissions(tmp_path):
+    # mkstemp makes 0600 files; an output replaces that with what open() would give
+    path = save_maps([make_map()], tmp_path / "maps.npz")
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in (path, path.with_suffix(".json")):
+        assert written.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_save_refuses_to_overwrite_an_unrelated_json(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "bert"}')
+    with pytest.raises(OutputError, match="not the sidecar of saved maps"):
+        save_maps([make_map()], tmp_path / "config.npz")
+    assert config.read_text() == '{"model_type": "bert"}'
+    assert not (tmp_path / "config.npz").exists()
+
+
+def test_save_replaces_its_own_earlier_pair(tmp_path):
+    save_maps([make_map(example_id="first")], tmp_path / "maps.npz")
+    save_maps([make_map(example_id="second")], tmp_path / "maps.npz")
+    assert [m.example_id for m in load_maps(tmp_path / "maps.npz")] == ["second"]
+
+
+def test_save_to_a_directory_is_an_output_error(tmp_path):
+    (tmp_path / "maps.npz").mkdir()
+    with pytest.raises(OutputError, match="is a directory"):
+        save_maps([make_map()], tmp_path / "maps.npz")
+
+
+def test_sidecar_records_the_digest_of_its_npz(tmp_path):
+    path = save_maps([make_map()], tmp_path / "maps.npz")
+    digest = json.loads(path.with_suffix(".json").read_text())["npz_sha256"]
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_is_maps_sidecar(tmp_path):
+    save_maps([make_map()], tmp_path / "maps.npz")
+    (tmp_path / "other.json").write_text('{"maps": 3}')
+    (tmp_path / "bad.json").write_text("{")
+    assert is_maps_sidecar(tmp_path / "maps.json")
+    assert not any(is_maps_sidecar(tmp_path / name)
+                   for name in ("other.json", "bad.json", "missing.json"))
+
+
+# ----------------------------------------------------------------- loading crafted files
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_crafted_files_are_one_line_file_format_errors(case, tmp_path):
+    build, message = CASES[case]
+    build(tmp_path)
+    with pytest.raises(FileFormatError, match=message) as caught:
+        load_maps(tmp_path / "maps.npz")
+    assert "\n" not in str(caught.value)
+
+
+def test_arrays_over_the_limit_are_refused_before_they_are_inflated(tmp_path):
+    # a real deflate bomb: 64 MiB of zeros in about 64 KiB, described honestly
+    shape = (1, 1, 4096, 4096)
+    sidecar(tmp_path, entry(*shape))
+    zeros_bomb(tmp_path, shape)
+    assert (tmp_path / "maps.npz").stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(FileFormatError, match=r"declare uncompressed 64\.0 MiB, over the "
+                                                  r"limit of 16\.0 MiB \(max_bytes\)"):
+            load_maps(tmp_path / "maps.npz", max_bytes=16 * 2**20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20  # nothing was inflated
+    # within the limit it loads; all zeros is then refused as a map, not as a file
+    with pytest.raises(FileFormatError, match="rows must sum to 1"):
+        load_maps(tmp_path / "maps.npz", max_bytes=2**27)
+
+
+def test_a_bomb_described_as_a_small_map_is_refused_from_its_header(tmp_path):
+    sidecar(tmp_path, entry())  # (1, 1, 2, 2)
+    zeros_bomb(tmp_path, (1, 1, 4096, 4096))
+    tracemalloc.start()
+    try:
+        with pytest.raises(FileFormatError, match=r"shape \(1, 1, 4096, 4096\) \(64\.0 MiB\)"):
+            load_maps(tmp_path / "maps.npz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20
+
+
+@pytest.mark.slow
+def test_the_1_7_gb_zip_bomb_of_the_issue_is_refused(tmp_path):
+    shape = (1, 1, 20000, 21250)  # 1.7 GB of float32 zeros in 1.6 MB
+    sidecar(tmp_path, entry(*shape))
+    zeros_bomb(tmp_path, shape)
+    assert (tmp_path / "maps.npz").stat().st_size < 2 * 10**6
+    with pytest.raises(FileFormatError, match=r"declare uncompressed 1\.6 GiB, over the limit "
+                                              r"of 1\.0 GiB"):
+        load_maps(tmp_path / "maps.npz")
+
+
+def test_missing_files_are_an_input_error(tmp_path):
+    save_maps([make_map()], tmp_path / "maps.npz")
+    (tmp_path / "maps.json").unlink()
+    with pytest.raises(InputError, match=r"expected .*maps\.npz and its sidecar .*maps\.json"):
+        load_maps(tmp_path / "maps.npz")
+
+
+def test_old_sidecars_without_a_digest_still_load(tmp_path):
+    amap = make_map(example_id="old")
+    path = save_maps([amap], tmp_path / "maps.npz")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    del meta["npz_sha256"]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    (loaded,) = load_maps(path)
+    assert torch.equal(loaded.pattern, amap.pattern) and loaded.example_id == "old"
+
+
+def test_scores_round_trip(tmp_path):
+    amap = make_map(scores=torch.randn(3, 2, 4, 4))
+    (loaded,) = load_maps(save_maps([amap], tmp_path / "s.npz"))
+    assert torch.equal(loaded.scores, amap.scores)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"maps": [{**entry(), "format_version": 2}]}, r"map 0: unsupported format_version 2"),
+    ({"maps": [entry(), "x"]}, r"map 1: expected an object; got str"),
+    ({"maps": []}, r"'maps' is empty"),
+    ({"mapz": [entry()]}, r"missing 'maps'"),
+    ([entry()], r"expected an object; got list"),
+    ({"maps": [{**entry(), "colour": "red"}]}, r"map 0: unexpected field 'colour'"),
+])
+def test_sidecar_structure_errors_name_the_place(spec, message, tmp_path):
+    (tmp_path / "maps.json").write_text(json.dumps(spec))
+    np.savez_compressed(tmp_path / "maps.npz", pattern_0=np.full((1, 1, 2, 2), 0.5, np.float32))
+    with pytest.raises(FileFormatError, match=message):
+        load_maps(tmp_path / "maps.npz")

@@ -163,3 +163,63 @@ def test_text_with_line_breaks_is_written_on_one_line():
     tree = Tree("n1", ("Hi", "there"), (0, 1), ("root", "dep"), "Hi\nthere")
     (back,) = read_conllu(write_conllu([tree]))
     assert back.text == "Hi there" and back.words == tree.words
+
+
+# ----------------------------------------------------------- trees that are not trees
+@pytest.mark.parametrize(("rows", "match"), [
+    # 1 -> 2 -> 3 -> 1: no root at all
+    ((word(1, "a", 2, "dep"), word(2, "b", 3, "dep"), word(3, "c", 1, "dep")),
+     r"sentence bad1, lines 2-4: no word has head 0; a sentence needs exactly one root"),
+    # a root, and 2 <-> 3 cut off from it
+    ((word(1, "a", 0, "root"), word(2, "b", 3, "dep"), word(3, "c", 2, "dep")),
+     r"sentence bad1, line 3: the heads of words 2 -> 3 -> 2 form a cycle and never reach "
+     r"the root"),
+    ((word(1, "a", 0, "root"), word(2, "b", 1, "dep"), word(3, "c", 0, "root")),
+     r"sentence bad1, line 4: a second root \(head 0; the first is on line 2\)"),
+])
+def test_cyclic_rootless_and_multi_root_sentences_are_refused(rows, match):
+    with pytest.raises(InputError, match=match):
+        read_conllu(conllu(*rows))
+
+
+def test_a_cycle_in_a_later_sentence_names_its_line():
+    text = (conllu(word(1, "a", 0, "root"), sent_id="ok")
+            + conllu(word(1, "x", 0, "root"), word(2, "y", 4, "dep"), word(3, "z", 2, "dep"),
+                     word(4, "w", 3, "dep"), sent_id="loop"))
+    # line 1 comment, 2 word, 3 blank, 4 comment, 5..8 words: the cycle starts at word 2
+    with pytest.raises(InputError, match=r"sentence loop, line 6: the heads of words "
+                                         r"2 -> 4 -> 3 -> 2 form a cycle"):
+        read_conllu(text)
+
+
+@pytest.mark.parametrize(("heads", "match"), [
+    ((2.5, 0), r"heads must be integers; got \(2\.5, 0\)"),
+    ((2.0, 0), r"heads must be integers"),  # a float is refused, not silently cut
+    ((True, 0), r"heads must be integers"),
+    (("2", 0), r"heads must be integers"),
+    ((2, 1), r"no word has head 0; a tree needs a root"),
+    ((0, 3, 2), r"the heads of words 2 -> 3 -> 2 form a cycle"),
+])
+def test_tree_refuses_non_integer_heads_and_cycles(heads, match):
+    words = tuple("abc"[:len(heads)])
+    with pytest.raises(InputError, match=f"sentence t9: {match}"):
+        Tree("t9", words, heads, ("dep",) * len(heads))
+
+
+def test_tree_takes_numpy_integer_heads():
+    import numpy as np
+
+    tree = Tree("np", ("a", "b"), np.array([0, 1]), ("root", "dep"))
+    assert tree.heads == (0, 1) and all(type(h) is int for h in tree.heads)
+
+
+def test_head_cycle_by_construction():
+    from attnprobe.heads.trees import head_cycle
+
+    assert head_cycle((0, 1, 2, 3)) == []           # a chain down from the root
+    assert head_cycle((2, 0, 2, 3)) == []
+    assert head_cycle((0, 3, 4, 2)) == [2, 3, 4]    # 2 -> 3 -> 4 -> 2
+    assert head_cycle((2, 1)) == [1, 2]
+    n = 20_000  # word i's head is i + 1 and the last word is the root: one deep walk
+    assert head_cycle((*range(2, n + 1), 0)) == []
+    assert head_cycle((*range(2, n + 1), 1)) == list(range(1, n + 1))
