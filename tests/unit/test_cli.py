@@ -273,3 +273,14 @@ def test_no_command_overwrites_its_text_file(command, tmp_path, capsys):
                                   "--out", str(texts), "--quiet"], capsys)
     assert code == 2 and err.count("\n") == 1 and "input" in err
     assert texts.read_bytes() == before and printed == ""
+
+
+def test_a_repeated_scope_merges(tmp_path, capsys):
+    out = tmp_path / "maps.npz"
+    code, printed, _ = run_cli(["extract", "--model", "ref:encoder", "--text", "the cat sat",
+                                "--scope", "head:0.1", "--scope", "L1H2", "--quiet",
+                                "--out", str(out)], capsys)
+    assert code == 0
+    (amap,) = load_maps(out)
+    assert amap.layers == (0, 1) and amap.heads == (1, 2)  # the grid holding 0.1 and 1.2
+    assert "L0H1" in printed and "L1H2" in printed and "L0H0" not in printed
