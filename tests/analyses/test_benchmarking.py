@@ -205,10 +205,13 @@ def test_from_dict_round_trips_and_ignores_unknown_keys():
     assert Sizes.from_dict({}) == Sizes()
 
 
-def test_run_json_child_parses_the_last_line():
+def test_run_json_child_parses_the_last_line(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     code = ("import json, os; print('noise'); "
-            "print(json.dumps({'offline': os.environ['HF_HUB_OFFLINE'], 'n': 2}))")
-    assert bm.run_json_child(["-c", code], timeout_s=60) == {"offline": "1", "n": 2}
+            "print(json.dumps({'offline': os.environ['HF_HUB_OFFLINE'], 'n': 2, "
+            "'mmap': os.environ['MALLOC_MMAP_THRESHOLD_']}))")
+    assert bm.run_json_child(["-c", code], timeout_s=60) == {
+        "offline": "1", "n": 2, "mmap": str(1 << 20)}
 
 
 def test_run_json_child_failure_shows_stderr():
