@@ -12,6 +12,7 @@ from attnprobe.models import (  # noqa: F401
     classifier,
     decoder_only,
     encoder_decoder,
+    induction,
     linear_attention,
     pooling,
     positional,

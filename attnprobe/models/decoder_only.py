@@ -25,7 +25,8 @@ from attnprobe.models.zoo import REFERENCE_MODELS, seeded_reference
 
 @dataclass
 class LlamaConfig:
-    """Hyperparameters of :class:`LlamaModel`; ``d_ff`` is the SwiGLU hidden width."""
+    """Hyperparameters of :class:`LlamaModel`; ``d_ff`` is the SwiGLU hidden width;
+    ``attention_only`` drops the MLPs (the blocks of Elhage et al.'s circuit analyses)."""
 
     vocab_size: int
     d_model: int = 32
@@ -37,6 +38,7 @@ class LlamaConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     causal: bool = True
+    attention_only: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self, "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
@@ -77,20 +79,24 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """Pre-norm: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``."""
+    """Pre-norm: ``x + attn(norm1(x))`` then ``x + mlp(norm2(x))`` (no MLP when
+    ``attention_only``)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.norm1 = RMSNorm(config.d_model, config.norm_eps)
         self.attn = PositionalAttention(config.d_model, config.n_heads, config.n_kv_heads,
                                         rope=True, rope_base=config.rope_base, bias=False)
-        self.norm2 = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = SwiGLU(config.d_model, config.d_ff)
+        if not config.attention_only:
+            self.norm2 = RMSNorm(config.d_model, config.norm_eps)
+            self.mlp = SwiGLU(config.d_model, config.d_ff)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """x ``[batch, seq, d_model]``, positions / real ``[batch, seq]`` -> like x."""
         x = x + self.attn(self.norm1(x), positions, real, causal=True)
-        return x + self.mlp(self.norm2(x))
+        if hasattr(self, "mlp"):
+            x = x + self.mlp(self.norm2(x))
+        return x
 
 
 class LlamaModel(ConfigSizes, nn.Module):
