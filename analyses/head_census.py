@@ -6,20 +6,24 @@ The sentences of ``data/census_sentences.txt`` are parsed with spaCy
 model (``all-MiniLM-L6-v2``, 6 layers x 12 heads) on:
 
 - streaming statistics: entropy, max weight, mass at each relative offset, mass on special
-  and punctuation tokens, token-match scores, and the repeated-random-token probe
-  (``rep_*``: previous, duplicate and induction heads);
+  and punctuation tokens, mass on each head's sink keys and every pattern score judged on the
+  mass left after them (``*_nosink``), token-match scores, and the repeated-random-token probe
+  (``rep_*``: previous, duplicate and induction heads; ``[CLS] x x [SEP]``, the tokenizer's
+  own template);
 - syntax (Clark et al. 2019 §4): for each dependency relation, how often a head's most
   attended word (``dep->head`` or ``head->dep``, special tokens dropped, token attention
   averaged into words) is the gold head, against the best fixed-offset baseline;
 - Jensen–Shannon distance between heads (Clark §6), clustered (average linkage) and embedded
   in 2-D (MDS).
 
-Tables (``runs/head_census/<stamp>/``): ``labels`` (label, evidence, every score per head),
-``label_counts``, ``syntax`` (best head per relation, ``min_count``), ``syntax_top`` (the
-``top_k`` heads per relation), ``syntax_key`` (the det and dobj/obj rows), ``layer_profile``,
-``clusters`` (``clusters(n_clusters)`` with labels), ``offsets``, ``distances`` and
-``summary``. Figures: label map and key-score maps (layer x head), the
-layer profile, syntax accuracy vs baseline per relation, and the MDS scatter of heads.
+Tables (``runs/head_census/<stamp>/``): ``labels`` (label, family, evidence, every score per
+head), ``label_counts`` (heads per label, grouped by family), ``family_counts``, ``probe``
+(for each ``rep_*`` score: the heads above 0.4 and the top head), ``syntax`` (best head per
+relation, ``min_count``), ``syntax_top`` (the ``top_k`` heads per relation), ``syntax_key``
+(the det and dobj/obj rows), ``layer_profile``, ``clusters`` (``clusters(n_clusters)`` with
+labels), ``offsets``, ``distances`` and ``summary``. Figures: label map and key-score maps
+(layer x head), the layer profile, syntax accuracy vs baseline per relation, and the MDS
+scatter of heads; their legends list the labels grouped by family.
 
 Run: ``python analyses/head_census.py [--smoke] [--out DIR]`` (about 1 minute on 2 cores).
 """
@@ -37,10 +41,14 @@ from harness.runs import analysis_main
 import attnprobe
 from attnprobe.heads import RULES, census, layer_profile, parse
 from attnprobe.heads.label_rules import FALLBACK_COLOUR
+from attnprobe.heads.labels import label_counts
 
 DATA = Path(__file__).resolve().parent / "data"
 KEY_RELATIONS = ("det", "dobj", "obj")
-KEY_SCORES = ("entropy_norm", "prev", "next", "first", "special", "syntax_margin")
+KEY_SCORES = ("entropy_norm", "prev", "prev_nosink", "next_nosink", "sink", "syntax_margin")
+REP_SCORES = ("rep_prev", "rep_duplicate", "rep_induction", "rep_duplicate_ahead",
+              "rep_induction_ahead")
+REP_THRESHOLD = 0.4
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Config:
     top_k: int = 3  # heads per relation in syntax_top
     n_clusters: int = 8
     seed: int = 0
+    probe_length: int | None = None  # tokens per copy of the probe (None: 32, or what fits)
 
     @classmethod
     def smoke(cls) -> Config:
@@ -88,16 +97,20 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     trees = parse(texts)
     parse_s = time.perf_counter() - start
     start = time.perf_counter()
-    result = census(model, tokenizer, trees=trees, batch_size=cfg.batch_size)
+    result = census(model, tokenizer, trees=trees, batch_size=cfg.batch_size, seed=cfg.seed,
+                    probe_length=cfg.probe_length)
     census_s = time.perf_counter() - start
     labels = result.classify()
-    counts = labels["label"].value_counts()
-    label_counts = pd.DataFrame({"label": [lb for lb in RULES.precedence() if lb in counts]})
-    label_counts["heads"] = [int(counts[lb]) for lb in label_counts["label"]]
-    label_counts["share"] = label_counts["heads"] / len(labels)
-    label_counts["layers"] = [
-        ",".join(str(x) for x in sorted(labels.loc[labels["label"] == lb, "layer"].unique()))
-        for lb in label_counts["label"]]
+    counts = label_counts(labels)[["label", "heads", "share", "layers", "family", "family_heads",
+                                   "head_ids"]]  # the columns of earlier runs first
+    families = counts.groupby("family", sort=False).agg(
+        heads=("heads", "sum"), labels=("label", ", ".join)).reset_index()
+    families["share"] = families["heads"] / len(labels)
+    probe = pd.DataFrame([{
+        "score": score, "threshold": REP_THRESHOLD,
+        "heads_above": ", ".join(labels.loc[labels[score] > REP_THRESHOLD, "head_id"]),
+        "top_head": labels.loc[labels[score].idxmax(), "head_id"],
+        "top_value": float(labels[score].max())} for score in REP_SCORES if score in labels])
 
     syntax = result.syntax(cfg.min_count)
     top = _top_heads(result.part.syntax.head_table(cfg.min_count), syntax, cfg.top_k)
@@ -113,8 +126,10 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
         {"item": "parse seconds", "value": round(parse_s, 2)},
         {"item": "census + probe seconds", "value": round(census_s, 2)},
         {"item": "skipped (too long)", "value": len(result.skipped)},
+        {"item": "probe tokens per copy", "value": result.probe_length},
     ])
-    return {"labels": labels, "label_counts": label_counts, "syntax": syntax,
+    return {"labels": labels, "label_counts": counts, "family_counts": families,
+            "probe": probe, "syntax": syntax,
             "syntax_top": top, "syntax_key": key, "layer_profile": layer_profile(labels),
             "clusters": clusters, "offsets": result.offsets(), "distances": result.distances(),
             "summary": summary}
@@ -124,6 +139,11 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
 def _label_colours() -> dict[str, str]:
     """The label colours of the rule registry, so plots and the HTML report agree."""
     return {label: RULES.colour(label) or FALLBACK_COLOUR for label in RULES.precedence()}
+
+
+def _by_family() -> list[str]:
+    """Every label, grouped by family (as the report's legends)."""
+    return [label for family in RULES.families() for label in RULES.labels_of(family)]
 
 
 def _grid(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -145,7 +165,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     written = []
 
     # 1. label of every head (categorical)
-    present = [lb for lb in RULES.precedence() if lb in set(labels["label"])]
+    present = [lb for lb in _by_family() if lb in set(labels["label"])]
     code = {lb: i for i, lb in enumerate(present)}
     grid = _grid(labels.assign(code=labels["label"].map(code)), "code")
     fig, ax = plt.subplots(figsize=(1.0 + 0.62 * grid.shape[1], 1.2 + 0.55 * grid.shape[0]))
@@ -190,7 +210,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     profile = tables["layer_profile"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bottom = pd.Series(0.0, index=profile.index)
-    for label in RULES.precedence():
+    for label in _by_family():
         share = profile[f"share_{label}"]
         if share.sum() > 0:
             ax.bar(profile["layer"], share, bottom=bottom, color=colours[label], label=label)
@@ -238,7 +258,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     # 5. MDS of head distances, coloured by label
     clusters = tables["clusters"]
     fig, ax = plt.subplots(figsize=(7.5, 6))
-    for label in RULES.precedence():
+    for label in _by_family():
         sub = clusters[clusters["label"] == label]
         if len(sub):
             ax.scatter(sub["x"], sub["y"], color=colours[label], label=label, s=40,
@@ -257,7 +277,7 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     analysis_main("head_census", __doc__, Config, run, plot, argv,
-                  show=["summary", "label_counts", "syntax_key"])
+                  show=["summary", "family_counts", "label_counts", "probe", "syntax_key"])
 
 
 if __name__ == "__main__":

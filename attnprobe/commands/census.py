@@ -24,7 +24,8 @@ from attnprobe.errors import AttnProbeError
 
 
 def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, repeated: bool,
-                from_agg: str = "mean", world: int = 1, rank: int = 0) -> Any:
+                from_agg: str = "mean", world: int = 1, rank: int = 0,
+                probe_length: int | None = None) -> Any:
     """Load the model, read the sentences, run the census; report skipped sentences."""
     from attnprobe.heads.head_census import census
     from attnprobe.loading import load_model
@@ -32,24 +33,43 @@ def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, rep
     texts, trees = corpus_from_args(args)
     model, tokenizer = load_model(args.model)
     result = census(model, tokenizer, texts, trees=trees, syntax=syntax if texts else None,
-                    similarity=similarity, repeated=repeated, max_length=args.max_length,
-                    from_agg=from_agg, distributed=world > 1, **corpus_options(args))
+                    similarity=similarity, repeated=repeated, probe_length=probe_length,
+                    max_length=args.max_length, from_agg=from_agg, distributed=world > 1,
+                    **corpus_options(args))
     if rank == 0:
         report_skipped(result.skipped, "sentence")
     return result
 
 
-def cmd_heads(args: argparse.Namespace) -> int:
-    from attnprobe.heads.labels import PRECEDENCE
+def label_summary(labels: pd.Series) -> list[str]:
+    """Lines of the label counts grouped by family (families and labels in precedence order):
+    each family with its count, then its labels' counts when it has labels of another name."""
+    from attnprobe.heads.labels import RULES
 
+    counts = labels.value_counts()
+    lines = []
+    for family in RULES.families():
+        members = [(label, int(counts.get(label, 0))) for label in RULES.labels_of(family)]
+        total = sum(n for _, n in members)
+        if not total:
+            continue
+        lines.append(f"  {family:<18} {total}")
+        lines += [f"    {label:<16} {n}" for label, n in members if n and label != family]
+    return lines
+
+
+def cmd_heads(args: argparse.Namespace) -> int:
     out, profile, distances = check_tables(args, ("--out", args.out),
                                            ("--profile", args.profile),
                                            ("--distances", args.distances))
     if distances is not None and args.no_similarity:
         raise AttnProbeError("--distances needs head similarity; drop --no-similarity")
+    if args.probe_length is not None and args.no_repeated:
+        raise AttnProbeError("--probe-length needs the repeated-token probe; drop --no-repeated")
     with distributed_group(args.distributed) as (rank, world):
         result = _run_census(args, syntax=args.syntax, similarity=not args.no_similarity,
-                             repeated=not args.no_repeated, world=world, rank=rank)
+                             repeated=not args.no_repeated, world=world, rank=rank,
+                             probe_length=args.probe_length)
         if rank != 0:
             return 0
         table = result.classify()
@@ -61,12 +81,11 @@ def cmd_heads(args: argparse.Namespace) -> int:
         if distances is not None:
             write_table(result.distances(), distances)
             wrote(args, "head distances", distances)
-        counts = table["label"].value_counts()
         print(f"{count_noun(result.n_sentences, 'sentence')}, {len(table)} heads"
-              + (f" ({len(result.skipped)} skipped)" if result.skipped else ""))
-        for label in PRECEDENCE:
-            if counts.get(label, 0):
-                print(f"  {label:<18} {counts[label]}")
+              + (f" ({len(result.skipped)} skipped)" if result.skipped else "")
+              + (f"; probe 2 x {result.probe_length} tokens" if result.probe_length else ""))
+        for line in label_summary(table["label"]):
+            print(line)
     return 0
 
 
@@ -124,13 +143,16 @@ baseline, and count (words with the relation). Text is parsed with spaCy (spaCy 
 
 def register(sub: Any) -> None:
     """Add ``heads`` and ``syntax`` to the ``attnprobe`` sub-command parsers."""
-    from attnprobe.heads.labels import PRECEDENCE
+    from attnprobe.heads.labels import PRECEDENCE, RULES
 
     heads = sub.add_parser("heads", help="label every head from its scores over a corpus",
                            epilog=HEADS_EXAMPLE.format(about=textwrap.fill(
                                "Writes one row per head: label (the first rule that fired, in "
-                               f"this order: {', '.join(PRECEDENCE)}), evidence, also (other "
-                               "rules that fired) and every score.", 90)),
+                               f"this order: {', '.join(PRECEDENCE)}), family (its coarse "
+                               f"class: {', '.join(RULES.families())}), evidence, also (other "
+                               "rules that fired) and every score. Labels are judged on the "
+                               "mass left after each head's sink keys (first token, BOS/CLS, "
+                               "column sinks); 'sink' only when nothing else fires.", 90)),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _census_args(heads)
     heads.add_argument("--out", default="heads.csv",
@@ -143,6 +165,10 @@ def register(sub: Any) -> None:
     heads.add_argument("--no-repeated", action="store_true",
                        help="skip the repeated-random-token probe (no rep_* scores, no "
                             "induction/duplicate labels)")
+    heads.add_argument("--probe-length", type=positive, metavar="N",
+                       help="tokens per copy of the repeated-token probe, built with the "
+                            "tokenizer's own special tokens (default 32, or fewer when the "
+                            "model holds fewer)")
     heads.add_argument("--profile", help="also write the per-layer profile table here")
     heads.add_argument("--distances", help="also write head-pair JS distances here")
     heads.set_defaults(run=cmd_heads)

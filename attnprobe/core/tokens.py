@@ -10,6 +10,11 @@
 - **Punctuation** is a token made only of punctuation or symbols once a sub-word marker
   (WordPiece ``##``, byte-level BPE ``Ġ``, SentencePiece ``▁``) is removed: ``.``, ``##,``,
   ``Ġ--``, ``?!``, ``$`` (Clark et al. count ``.`` and ``,``).
+- A tokenizer's **template** is what ``tokenizer(text)`` puts around the tokens of one text
+  (its post-processor): ``[CLS] … [SEP]`` for BERT, ``<s> …`` for LLaMA, nothing for GPT-2,
+  ``[BOS] …`` for attnprobe's word tokenizer. :func:`special_template` reads it off the
+  tokenizer's own output, since transformers 5 tokenizers no longer have
+  ``build_inputs_with_special_tokens``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 
 import torch
 
+from attnprobe.errors import InputError
+
 __all__ = [
     "SPECIAL_ROLES",
     "UNKNOWN_TOKENS",
@@ -27,6 +34,7 @@ __all__ = [
     "is_punctuation",
     "looks_special",
     "special_ids",
+    "special_template",
     "special_tokens",
     "token_classes",
 ]
@@ -98,6 +106,44 @@ def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
     classes["punct"] = _id_tensor(i for tok, i in vocab.items()
                                   if is_punctuation(tok) and i not in special)
     return classes
+
+
+# Texts whose tokens locate the template in the tokenizer's output (the first that gives a token).
+TEMPLATE_TEXTS = ("a", "the", "x", "1")
+
+
+def _first_row(ids: Any) -> list[int]:
+    """``input_ids`` of one encoded text as a list (lists, nested lists or a ``[1, n]`` tensor)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """``(prefix, suffix)``: the ids ``tokenizer(text)`` puts before and after the tokens of one
+    text, e.g. ``([101], [102])`` for BERT's ``[CLS] … [SEP]``, ``([1], [])`` for LLaMA's
+    ``<s> …``, ``([], [])`` for GPT-2.
+
+    Found by encoding a short text both ways: its tokens alone (``tokenize`` then
+    ``convert_tokens_to_ids``) and through ``tokenizer(text)``; the tokens are located in the
+    latter. Raises InputError when no short text gives a token or the tokens are not there.
+    """
+    for text in TEMPLATE_TEXTS:
+        try:
+            plain = [int(i) for i in tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))]
+            full = _first_row(tokenizer(text)["input_ids"])
+        except (AttributeError, KeyError, TypeError, ValueError, InputError):
+            continue
+        if not plain:
+            continue
+        for start in range(len(full) - len(plain) + 1):
+            if full[start:start + len(plain)] == plain:
+                return full[:start], full[start + len(plain):]
+    raise InputError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around "
+                     f"a text: none of {', '.join(map(repr, TEMPLATE_TEXTS))} gives its "
+                     "tokens inside tokenizer(text)")
 
 
 class TokenVocabulary:

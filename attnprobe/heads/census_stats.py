@@ -9,7 +9,8 @@ reads everything off them:
   each feature;
 * ``pair features`` ``[batch, query, key, g]``: same token (duplicate), previous token
   matches (induction), earlier / later, own segment — one more batched matmul;
-* relative offsets are scattered into bins, and row entropies and maxima come from one pass.
+* relative offsets are scattered into bins, and row entropies and maxima come from one pass;
+* sink keys and every statistic judged on the mass left after them (:mod:`.sinks`).
 
 Statistic names are documented in :mod:`attnprobe.heads.scores`.
 """
@@ -22,8 +23,11 @@ import torch
 
 from attnprobe.core.divergence import entropy
 from attnprobe.core.reducers import REDUCERS, RowBlock, Sums
+from attnprobe.heads.sinks import SinkRule, aligned, sink_sums, sink_view
 
-PARTS = frozenset({"rows", "offsets", "classes", "match", "segments"})
+PARTS = frozenset({"rows", "offsets", "sinks", "classes", "match", "segments"})
+ID_FREE_PARTS = frozenset({"rows", "offsets", "sinks"})  # computed without token ids
+START_ROLES = ("bos", "cls")  # start tokens: sink keys wherever they stand
 _EMPTY = torch.empty(0, dtype=torch.long)
 
 
@@ -39,17 +43,6 @@ def _segments(key_ids: torch.Tensor, real: torch.Tensor, separators: torch.Tenso
     """``[batch, key]`` segment index; a separator closes the segment it ends."""
     is_sep = (torch.isin(key_ids, separators) & real).long()
     return torch.cumsum(is_sep, -1) - is_sep
-
-
-def _aligned(block: RowBlock) -> bool:
-    """Whether real tokens sit at their own index (right padding, no cache, one block of all
-    rows): then offsets are diagonals of the weights."""
-    q_len, k_len = block.pattern.shape[2], block.pattern.shape[3]
-    if q_len != k_len:
-        return False
-    index = torch.arange(q_len)
-    return bool(((block.query_pos == index) | ~block.query_valid).all()
-                and ((block.key_pos == index) | (block.key_pos < 0)).all())
 
 
 def _offset_mass_by_diagonals(weights: torch.Tensor, rows: torch.Tensor
@@ -98,29 +91,41 @@ class CensusStats:
         classes: token class -> ids, from :func:`attnprobe.core.tokens.token_classes`; empty
             without a tokenizer.
         max_offset: offsets beyond ±max_offset are pooled into ``offset@far``/``argmax@far``.
-        parts: which groups of statistics to compute (``PARTS``); token-based groups need
-            token ids in the blocks.
+        parts: which groups of statistics to compute (``PARTS``); ``classes``, ``match`` and
+            ``segments`` need token ids in the blocks (``sinks`` uses them for the start
+            tokens when present).
         prefix: prepended to the token-match names (``rep_`` for the repeated-token probe).
+        sinks: how column sinks are found (:class:`~attnprobe.heads.sinks.SinkRule`).
     """
 
     classes: dict[str, torch.Tensor] = field(default_factory=dict)
     max_offset: int | None = None
     parts: frozenset[str] = PARTS
     prefix: str = ""
+    sinks: SinkRule = field(default_factory=SinkRule)
     name: str = "census"
 
     def __call__(self, block: RowBlock) -> dict[str, Sums]:
         a = block.pattern.float()
         parts = self.parts if self.classes or block.key_ids is not None else \
-            self.parts & {"rows", "offsets"}
+            self.parts & ID_FREE_PARTS
         out: dict[str, Sums] = {}
-        top_weight, top_key = a.max(-1) if parts & {"rows", "offsets"} else (None, None)
-        if "rows" in parts:
-            out.update(self._rows(block, a, top_weight))
         rel = (block.key_pos[:, None, :] - block.query_pos[:, :, None]).to(a.device)
         real = (block.real_keys()[:, None, :] & block.query_valid[:, :, None]).to(a.device)
+        view = None
+        if "sinks" in parts and real.any():
+            starts = [self.classes[role] for role in START_ROLES if role in self.classes]
+            view = sink_view(block, a, torch.cat(starts) if starts else None, self.sinks)
+        if parts & {"rows", "offsets"}:  # one pass for both maxima when the sinks are known
+            top_weight, top_key = a.max(-1) if view is None else view.raw_top()
+        h = entropy(a) if parts & {"rows", "sinks"} else None  # [batch, head, q]
+        if "rows" in parts:
+            out.update(self._rows(block, a, top_weight, h))
         if "offsets" in parts and real.any():
             out.update(self._offsets(block, a, rel, real, top_key))
+        if view is not None:
+            out.update(sink_sums(block, a, rel, view, self.sinks, self.max_offset,
+                                 row_entropy=h))
         if parts & {"classes", "match", "segments"}:
             if block.query_ids is None or block.key_ids is None:
                 block.require_ids("token-class, duplicate/induction and block")
@@ -129,8 +134,8 @@ class CensusStats:
 
     # ------------------------------------------------------------------------ rows
     @staticmethod
-    def _rows(block: RowBlock, a: torch.Tensor, top_weight: torch.Tensor) -> dict[str, Sums]:
-        h = entropy(a)  # [batch, head, q]
+    def _rows(block: RowBlock, a: torch.Tensor, top_weight: torch.Tensor, h: torch.Tensor
+              ) -> dict[str, Sums]:
         visible = block.visible_keys().to(a.device, torch.float32)[:, None, :]
         several = (visible > 1) & block.query_valid[:, None, :].to(a.device)
         normed = torch.where(several, h / visible.clamp(min=2).log(), 0.0)
@@ -149,7 +154,7 @@ class CensusStats:
         n_heads = a.shape[1]
         weights = a * real[:, None].to(a)
         rows = block.query_valid[:, None, :].to(a.device)  # [batch, 1, q]
-        if _aligned(block):
+        if aligned(block):
             lo, mass, distance = _offset_mass_by_diagonals(weights, rows)
             top = top_key - torch.arange(a.shape[2], device=a.device) - lo
         else:

@@ -27,6 +27,7 @@ from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
     check_texts,
+    max_length_of,
     truncation_mode,
 )
 from attnprobe.core.distributed import run_sharded
@@ -37,6 +38,7 @@ from attnprobe.errors import InputError
 from attnprobe.heads import labels
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
 from attnprobe.heads.dependencies import SyntaxCounts, score_batch
+from attnprobe.heads.probe import probe_length as resolve_probe_length
 from attnprobe.heads.probe import repeated_token_scores
 from attnprobe.heads.scores import INDEX, census_reducers, offset_table, wide_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
@@ -119,6 +121,7 @@ class Census:
         window: offsets ±window get their own score column.
         probe: the repeated-random-token probe's tally (``rep_*`` scores), kept apart from
             the corpus sums so its rows never dilute corpus means.
+        probe_length: tokens per copy of the probe (None without the probe).
     """
 
     part: CensusPart
@@ -127,6 +130,7 @@ class Census:
     min_count: int = 20
     probe: Tally | None = None
     scope: Scope = field(default_factory=Scope)
+    probe_length: int | None = None
 
     @property
     def n_sentences(self) -> int:
@@ -156,11 +160,14 @@ class Census:
         return table[inside].reset_index(drop=True)
 
     def classify(self, thresholds: labels.Thresholds | None = None) -> pd.DataFrame:
-        """Scores plus ``label``, ``evidence`` and ``also`` per head."""
+        """Scores plus ``label``, ``family``, ``evidence`` and ``also`` per head
+        (:func:`~attnprobe.heads.labels.classify_scores`)."""
         return labels.classify_scores(self.scores(), thresholds)
 
     def layer_profile(self, thresholds: labels.Thresholds | None = None
                       ) -> pd.DataFrame:
+        """Label and family shares and mean scores per layer
+        (:func:`~attnprobe.heads.labels.layer_profile`)."""
         return labels.layer_profile(self.classify(thresholds))
 
     def syntax(self, min_count: int = 1) -> pd.DataFrame:
@@ -254,8 +261,9 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
            batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
            seed: int = 0, progress: bool = False, syntax: bool | None = None,
            similarity: bool = True, similarity_rows: int | None = 16, repeated: bool = True,
-           max_length: int | None = None, window: int = 3, min_count: int = 20,
-           from_agg: str = "mean", nlp: Any = None, distributed: bool | None = None) -> Census:
+           probe_length: int | None = None, max_length: int | None = None, window: int = 3,
+           min_count: int = 20, from_agg: str = "mean", nlp: Any = None,
+           distributed: bool | None = None) -> Census:
     """Score every head of ``model`` over a corpus.
 
     Args:
@@ -275,7 +283,11 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
             weights briefly; switch off for very long inputs).
         similarity_rows: query rows per batch used for the distances, evenly spaced over
             the batch (their cost is heads² × rows × keys); ``None``: every row.
-        repeated: also run the repeated-random-token probe (``rep_*`` scores).
+        repeated: also run the repeated-random-token probe (``rep_*`` scores), built
+            through the tokenizer's own template (``[CLS] x x [SEP]``, ``<s> x x`` ...).
+        probe_length: tokens per copy of the probe (default 32, or fewer when the model's
+            positions or the tokenizer's ordinary tokens hold fewer); a length the model
+            cannot hold is an error.
         distributed: split batches across the ranks of an initialised ``torch.distributed``
             process group and all-gather the parts (default: when a group is initialised).
 
@@ -292,6 +304,12 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                          f"got {similarity_rows!r}")
     truncation = truncation_mode(truncation)
     scope = model_scope(model, scope)
+    classes = token_classes(tokenizer)
+    if repeated:  # checked before any forward: a bad length fails fast
+        probe_length = resolve_probe_length(tokenizer, probe_length, classes=classes,
+                                            max_length=max_length_of(model, tokenizer))
+    elif probe_length is not None:
+        raise InputError("probe_length needs the repeated-token probe; drop repeated=False")
     if texts is not None:
         texts = check_texts(texts)
         if syntax:
@@ -309,7 +327,6 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                          "(read_conllu or parse make them; raw sentences go in texts)")
     batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
                                     truncation=truncation, max_length=max_length)
-    classes = token_classes(tokenizer)
     run = _Run(model, scope, census_reducers(classes=classes), similarity, similarity_rows,
                from_agg)
     parts = run_sharded(partial(_run_batch, run), batches,
@@ -317,6 +334,6 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     merged = CensusPart()
     for part in parts:  # in batch order, whatever the number of ranks
         merged = merged + part
-    probe = repeated_token_scores(model, tokenizer, classes=classes, seed=seed,
-                                  scope=scope) if repeated else None
-    return Census(merged, skipped, window, min_count, probe, scope)
+    probe = repeated_token_scores(model, tokenizer, length=probe_length, classes=classes,
+                                  seed=seed, scope=scope) if repeated else None
+    return Census(merged, skipped, window, min_count, probe, scope, probe_length)

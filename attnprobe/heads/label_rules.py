@@ -1,6 +1,24 @@
 """The machinery of head labels: :class:`Thresholds`, :class:`LabelRule` and the :data:`RULES`
-registry (which derives the precedence and the colours from the rules), the :func:`rule`
-decorator, and the helpers that turn scores into evidence strings (``"prev=0.83 > 0.5"``).
+registry (which derives the precedence, the families and the colours from the rules), the
+:func:`rule` decorator, and the helpers that turn scores into evidence strings
+(``"prev_nosink=0.83 > 0.5"``).
+
+Every label belongs to one **family**, the coarse class people ask about; the family is part
+of the label's rule, so a new label names its family in its one entry. The families of the
+built-in labels (:data:`FAMILIES` documents each):
+
+=================  ============================================================
+family             labels
+=================  ============================================================
+local              previous, next, self, offset, vertical+diagonal
+entropy_collapse   collapsed
+block              block
+copying            induction, retrieval, duplicate
+uniform_collapse   broad
+syntactic          syntactic
+sink               sink
+heterogeneous      heterogeneous (the fallback)
+=================  ============================================================
 
 The rules themselves, and the tables built from them, are in :mod:`attnprobe.heads.labels`.
 """
@@ -11,43 +29,68 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from numbers import Real
 
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 
-__all__ = ["FALLBACK", "FALLBACK_COLOUR", "RULES", "LabelRule", "Row", "Rule", "RuleRegistry",
-           "Thresholds", "all_hold", "comparison", "fixed_offset", "number_text", "rule",
-           "score_of"]
+__all__ = ["FALLBACK", "FALLBACK_COLOUR", "FALLBACK_FAMILY", "FAMILIES", "RULES", "LabelRule",
+           "Row", "Rule", "RuleRegistry", "Thresholds", "all_hold", "comparison", "fixed_offset",
+           "number_text", "rule", "score_of", "sink_free"]
 
 FALLBACK = "heterogeneous"  # the label when no rule fires: last in the precedence
 FALLBACK_COLOUR = "#555555"
-
+FALLBACK_FAMILY = "heterogeneous"
+FAMILIES = {  # what each built-in family means (a rule may name a new one)
+    "local": "looks at a fixed relative position (previous, next, self, an offset)",
+    "entropy_collapse": "one-hot rows without a consistent target (Zhai et al.)",
+    "block": "stays inside its own segment of a sentence pair (Kovaleva et al.)",
+    "copying": "looks at earlier copies of the token or what followed them (induction, "
+               "duplicate, retrieval heads)",
+    "uniform_collapse": "spreads its mass evenly (Clark et al.'s broad heads)",
+    "syntactic": "finds a dependency relation better than any fixed offset",
+    "sink": "puts its mass on sink keys (first token, BOS/CLS, a column) and nothing else "
+            "fires on the rest",
+    FALLBACK_FAMILY: "no rule fired (Kovaleva et al.'s heterogeneous class)",
+}
+FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 @dataclass(frozen=True)
 class Thresholds:
     """Every threshold of the rules (module docstring); defaults from methods.md §13.
 
     Attributes:
-        collapsed_entropy_norm: collapsed: ``entropy_norm`` below this ...
-        collapsed_max_weight: ... and ``max_weight`` above this.
-        sink: sink: any of ``cls, sep, bos, eos, first, punct, special`` above this.
-        positional_mass: previous / next / self: ``prev`` / ``next`` / ``self`` above this.
-        offset_pos_score: fixed offset: ``pos_score`` at least this ...
-        offset_max_weight: ... and ``max_weight`` above this.
+    The sink-free rules (previous, next, self, offset, collapsed, broad) read the
+    ``*_nosink`` scores: the head judged on the mass left after its sink keys.
+
+    Attributes:
+        min_rest: the sink-free rules fire only when at least this share of the mass is left
+            after the sink keys (``1 - sink``): the pattern of the last few per cent of a
+            head that is all sink is not what the head does.
+        collapsed_entropy_norm: collapsed: ``entropy_norm_nosink`` below this ...
+        collapsed_max_weight: ... and ``max_weight_nosink`` above this.
+        sink: sink: ``sink`` (mass on the sink keys) above this.
+        positional_mass: previous / next / self: ``prev_nosink`` / ``next_nosink`` /
+            ``self_nosink`` above this.
+        offset_pos_score: fixed offset: ``pos_score_nosink`` at least this ...
+        offset_max_weight: ... and ``max_weight_nosink`` above this.
         diagonal_mass: vertical+diagonal: ``prev + self + next`` at least this ...
-        vertical_mass: ... and ``max(special, first)`` at least this.
+        vertical_mass: ... and ``max(special, first, sink)`` at least this.
         block: block: same-segment mass at least this (and no positional rule fires).
         induction: induction: ``rep_induction`` or ``rep_induction_ahead`` above this.
+        retrieval: retrieval: ``retrieval`` above this (Wu et al. 2024 call a head a
+            retrieval head above 0.1).
         duplicate: duplicate: ``rep_duplicate`` or ``rep_duplicate_ahead`` above this.
-        broad_entropy_norm: broad: ``entropy_norm`` at least this ...
-        broad_max_weight: ... and ``max_weight`` at most the larger of this (Clark's 10%) ...
-        broad_max_ratio: ... and this times ``chance_weight`` (short inputs, see above).
+        broad_entropy_norm: broad: ``entropy_norm_nosink`` at least this ...
+        broad_max_weight: ... and ``max_weight_nosink`` at most the larger of this (Clark's
+            10%) ...
+        broad_max_ratio: ... and this times ``chance_weight_nosink`` (short inputs).
         syntax_margin: syntactic: accuracy minus the best offset baseline at least this ...
         syntax_count: ... on at least this many dependency arcs.
     """
 
+    min_rest: float = 0.05
     collapsed_entropy_norm: float = 0.05
     collapsed_max_weight: float = 0.95
     sink: float = 0.6
@@ -58,6 +101,7 @@ class Thresholds:
     vertical_mass: float = 0.3
     block: float = 0.8
     induction: float = 0.4
+    retrieval: float = 0.1
     duplicate: float = 0.4
     broad_entropy_norm: float = 0.78
     broad_max_weight: float = 0.1
@@ -79,7 +123,8 @@ HEX_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
 @dataclass(frozen=True)
 class LabelRule:
-    """One head label with all it needs: the test that fires it, its rank, its colour.
+    """One head label with all it needs: the test that fires it, its rank, its family and its
+    colour.
 
     Attributes:
         label: the name written in the ``label`` column.
@@ -87,12 +132,15 @@ class LabelRule:
         rank: its place in the precedence: of the rules that fire, the lowest rank is the
             label and the others go to ``also``. No two rules share a rank.
         colour: ``#rrggbb`` of the label in reports; None leaves it to the report's fallback.
+        family: the coarse class written in the ``family`` column (keyword only; one of
+            :data:`FAMILIES` or a new lower-case name).
     """
 
     label: str
     test: Rule
     rank: float
     colour: str | None = None
+    family: str = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label.strip():
@@ -107,6 +155,9 @@ class LabelRule:
                                         or not HEX_COLOUR.fullmatch(self.colour)):
             raise InputError(f"label rule {self.label!r}: colour must be '#rrggbb', "
                              f"got {self.colour!r}")
+        if not isinstance(self.family, str) or not FAMILY_NAME.fullmatch(self.family):
+            raise InputError(f"label rule {self.label!r}: family must be a lower-case name "
+                             f"such as {', '.join(list(FAMILIES)[:3])}, got {self.family!r}")
 
     def __call__(self, row: Row, thresholds: Thresholds) -> str | None:
         return self.test(row, thresholds)
@@ -155,15 +206,31 @@ class RuleRegistry(Registry[LabelRule]):
             return FALLBACK_COLOUR
         return self.get(label).colour if label in self else None
 
+    def family(self, label: str) -> str | None:
+        """The family of ``label`` (None for a label no rule knows)."""
+        if label == FALLBACK:
+            return FALLBACK_FAMILY
+        return self.get(label).family if label in self else None
+
+    def families(self) -> tuple[str, ...]:
+        """Every family, ordered by its first label in the precedence; the fallback's last."""
+        found = dict.fromkeys(r.family for r in self.rules() if r.family != FALLBACK_FAMILY)
+        return (*found, FALLBACK_FAMILY)
+
+    def labels_of(self, family: str) -> tuple[str, ...]:
+        """The labels of ``family``, in precedence order."""
+        return tuple(label for label in self.precedence() if self.family(label) == family)
+
 
 RULES = RuleRegistry("head rule")
 
 
-def rule(label: str, *, rank: float, colour: str | None = None) -> Callable[[Rule], Rule]:
+def rule(label: str, *, rank: float, family: str, colour: str | None = None
+         ) -> Callable[[Rule], Rule]:
     """Register the decorated test as the rule of ``label``; the test is returned unchanged,
     so other rules can call it."""
     def add(test: Rule) -> Rule:
-        RULES.add(LabelRule(label, test, rank, colour))
+        RULES.add(LabelRule(label, test, rank, colour, family=family))
         return test
 
     return add
@@ -214,12 +281,20 @@ def all_hold(row: Row, *tests: tuple[str, str, float]) -> str | None:
     return ", ".join(parts)
 
 
+def sink_free(row: Row, t: Thresholds) -> bool:
+    """Whether enough mass is left after the sink keys (``1 - sink >= min_rest``) for the
+    sink-free rules to read the ``*_nosink`` scores; True when the table has no ``sink``."""
+    sink = score_of(row, "sink")
+    return sink is None or 1.0 - sink >= t.min_rest
+
+
 def fixed_offset(row: Row, t: Thresholds) -> tuple[int, str] | None:
-    """``(offset, evidence)`` for a head whose argmax sits at one relative offset, else None."""
-    offset = score_of(row, "pos_offset")
-    evidence = all_hold(row, ("pos_score", ">=", t.offset_pos_score),
-                    ("max_weight", ">", t.offset_max_weight))
-    if offset is None or evidence is None:
+    """``(offset, evidence)`` for a head whose sink-free argmax sits at one relative offset,
+    else None."""
+    offset = score_of(row, "pos_offset_nosink")
+    evidence = all_hold(row, ("pos_score_nosink", ">=", t.offset_pos_score),
+                        ("max_weight_nosink", ">", t.offset_max_weight))
+    if offset is None or evidence is None or not sink_free(row, t):
         return None
     shift = round(offset)
-    return shift, f"pos_offset={f'{shift:+d}' if shift else '0'}, {evidence}"
+    return shift, f"pos_offset_nosink={f'{shift:+d}' if shift else '0'}, {evidence}"

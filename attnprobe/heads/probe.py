@@ -1,11 +1,15 @@
 """Previous-token, duplicate-token and induction heads on repeated random tokens.
 
 The probe (TransformerLens demos, Olsson et al.; methods §11.3 and §11.5): random tokens
-``x_1..x_m`` repeated, ``x_1..x_m x_1..x_m``, wrapped in the tokenizer's special tokens
-(``[CLS] ... [SEP]`` for BERT, nothing for GPT-2). On such input the token-match statistics
-are exactly the published diagonals: duplicate = A[i, i-m], induction = A[i, i-m+1], and for
-encoders the look-ahead analogues A[i, i+m] and A[i, i+m+1] (special keys excluded and the
-row renormalised).
+``x_1..x_m`` repeated, ``x_1..x_m x_1..x_m``, inside the tokenizer's own template — what
+``tokenizer(text)`` adds around a text (:func:`~attnprobe.core.tokens.special_template`):
+``[CLS] … [SEP]`` for BERT, ``<s> …`` for LLaMA, nothing for GPT-2, ``[BOS] …`` for attnprobe's
+word tokenizer. On such input the token-match statistics are exactly the published diagonals:
+duplicate = A[i, i-m], induction = A[i, i-m+1], and for encoders the look-ahead analogues
+A[i, i+m] and A[i, i+m+1] (special keys excluded and the row renormalised).
+
+The tokens are drawn from the tokenizer's *ordinary* tokens: no special token, no unknown
+token, no ``[unused]``-style placeholder, no punctuation and no blank token.
 """
 
 from __future__ import annotations
@@ -19,67 +23,107 @@ from attnprobe.capture.context import capture
 from attnprobe.capture.text import max_length_of, model_inputs
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import ScopeLike
-from attnprobe.core.tokens import looks_special, token_classes
+from attnprobe.core.tokens import looks_special, special_template, token_classes
 from attnprobe.errors import InputError
 from attnprobe.heads.census_stats import CensusStats
 
+__all__ = ["DEFAULT_PROBE_LENGTH", "probe_length", "probe_vocabulary", "repeated_token_scores",
+           "repeated_tokens"]
 
-def probe_vocabulary(tokenizer: Any, special_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Ids the probe may draw: no special tokens and no ``[unused]``-style placeholders."""
-    if special_ids is None:
-        special_ids = token_classes(tokenizer)["special"]
-    special = set(special_ids.tolist())
+DEFAULT_PROBE_LENGTH = 32  # tokens per copy; the input is 2 x this plus the template
+N_SEQUENCES = 4
+
+
+def probe_vocabulary(tokenizer: Any, classes: dict[str, torch.Tensor] | None = None
+                     ) -> torch.Tensor:
+    """Ids the probe may draw (module docstring), sorted."""
+    classes = classes if classes is not None else token_classes(tokenizer)
+    excluded = set(classes["special"].tolist()) | set(classes.get("punct", torch.empty(0,
+                                                                   dtype=torch.long)).tolist())
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if isinstance(unk, int):
+        excluded.add(unk)
     vocab = tokenizer.get_vocab()
-    ids = sorted(i for tok, i in vocab.items()
-                 if i not in special and not looks_special(tok) and tok.strip())
-    if len(ids) < 2:
-        raise InputError("the tokenizer has too few ordinary tokens for a repeated-token probe")
-    return torch.tensor(ids)
+    return torch.tensor(sorted(i for tok, i in vocab.items()
+                               if i not in excluded and not looks_special(tok) and tok.strip()),
+                        dtype=torch.long)
 
 
-def _wrap(tokenizer: Any, ids: list[int]) -> list[int]:
-    wrap = getattr(tokenizer, "build_inputs_with_special_tokens", None)
-    return wrap(ids) if wrap else ids
+def _check_length(length: object) -> int:
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise InputError(f"probe length must be an integer of at least 2 (tokens per copy); "
+                         f"got {length!r}")
+    return length
 
 
-def repeated_tokens(tokenizer: Any, *, length: int = 32, n_sequences: int = 4,
-                    seed: int = 0, max_length: int | None = None,
-                    special_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """``input_ids`` / ``attention_mask`` ``[n_sequences, 2 * length + specials]``.
+def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int | None = None,
+                 classes: dict[str, torch.Tensor] | None = None) -> int:
+    """Tokens per copy of the probe: ``length``, checked, or by default
+    :data:`DEFAULT_PROBE_LENGTH`, shortened to what the model's positions (``max_length``, the
+    template included) and the tokenizer's ordinary tokens hold.
+
+    Raises InputError when a given length does not fit, or when not even 2 tokens do.
+    """
+    prefix, suffix = special_template(tokenizer)
+    n_special = len(prefix) + len(suffix)
+    room = None if max_length is None else (max_length - n_special) // 2
+    n_vocab = len(probe_vocabulary(tokenizer, classes))
+    if length is None:
+        length = min(DEFAULT_PROBE_LENGTH, n_vocab, room if room is not None else n_vocab)
+        if length < 2:
+            what = (f"the tokenizer has {n_vocab} ordinary token(s)" if n_vocab < 2 else
+                    f"the model takes {max_length} tokens")
+            raise InputError(f"the repeated-token probe needs 2 x 2 tokens + {n_special} "
+                             f"special, but {what}; pass repeated=False (CLI --no-repeated)")
+        return length
+    length = _check_length(length)
+    if room is not None and length > room:
+        raise InputError(f"probe length {length} needs 2 x {length} + {n_special} = "
+                         f"{2 * length + n_special} tokens but the model takes at most "
+                         f"{max_length}; use a probe length of at most "
+                         f"{max(min(room, n_vocab), 0)}")
+    if length > n_vocab:
+        raise InputError(f"probe length {length} exceeds the tokenizer's {n_vocab} ordinary "
+                         f"tokens (each copy draws distinct tokens); use at most {n_vocab}")
+    return length
+
+
+def repeated_tokens(tokenizer: Any, *, length: int | None = None,
+                    n_sequences: int = N_SEQUENCES, seed: int = 0,
+                    max_length: int | None = None,
+                    classes: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """``input_ids`` / ``attention_mask`` ``[n_sequences, prefix + 2 * length + suffix]``.
 
     Tokens are drawn without replacement within a sequence, so every token of the second
-    copy occurs exactly once before it. ``max_length`` (the model's limit) shortens ``length``
-    so that the wrapped sequence fits.
+    copy occurs exactly once before it; the template is the tokenizer's
+    (:func:`~attnprobe.core.tokens.special_template`). ``length`` as in :func:`probe_length`.
     """
-    if max_length is not None:
-        length = min(length, (max_length - len(_wrap(tokenizer, []))) // 2)
-    if length < 2 or n_sequences < 1:
-        raise InputError(f"the repeated-token probe needs length >= 2 (the model allows "
-                         f"{max_length} tokens) and n_sequences >= 1")
-    vocab = probe_vocabulary(tokenizer, special_ids)
-    if len(vocab) < length:
-        raise InputError(f"length {length} exceeds the {len(vocab)} ordinary tokens")
+    if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 1:
+        raise InputError(f"n_sequences must be a positive integer; got {n_sequences!r}")
+    length = probe_length(tokenizer, length, max_length=max_length, classes=classes)
+    prefix, suffix = special_template(tokenizer)
+    vocab = probe_vocabulary(tokenizer, classes)
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n_sequences):
         draw = vocab[torch.randperm(len(vocab), generator=generator)[:length]].tolist()
-        rows.append(_wrap(tokenizer, draw + draw))
+        rows.append([*prefix, *draw, *draw, *suffix])
     ids = torch.tensor(rows)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int = 32,
-                          n_sequences: int = 4, seed: int = 0,
+def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int | None = None,
+                          n_sequences: int = N_SEQUENCES, seed: int = 0,
                           classes: dict[str, torch.Tensor] | None = None,
                           scope: ScopeLike = "all") -> Tally:
     """``rep_prev``, ``rep_duplicate``, ``rep_induction``, ``rep_duplicate_ahead`` and
     ``rep_induction_ahead`` per head, as a mergeable tally (see
-    :class:`~attnprobe.heads.census_stats.CensusStats`). ``classes``: the tokenizer's token
-    classes when already known (:func:`token_classes`)."""
+    :class:`~attnprobe.heads.census_stats.CensusStats`). ``length``: tokens per copy
+    (:func:`probe_length`); ``classes``: the tokenizer's token classes when already known
+    (:func:`token_classes`)."""
     classes = classes if classes is not None else token_classes(tokenizer)
     batch = repeated_tokens(tokenizer, length=length, n_sequences=n_sequences, seed=seed,
-                            max_length=max_length_of(model, tokenizer),
-                            special_ids=classes["special"])
+                            max_length=max_length_of(model, tokenizer), classes=classes)
     stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
     with torch.no_grad(), capture(model, scope, keep=False, reducers=[stats],
                                   stop_early=True) as cap:

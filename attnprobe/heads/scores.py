@@ -18,12 +18,26 @@ first              mass on the first real token (attention sink, Xiao et al.; Gu
 cls, sep, bos, eos mass on that special token (those the tokenizer has)
 special            mass on all special tokens
 punct              mass on punctuation tokens
+sink               mass on the head's sink keys: the first token, the start tokens (BOS/CLS)
+                   and its column sinks — keys taking > 0.3 of the mass in most rows that see
+                   them, e.g. ``[SEP]`` or ``.`` (see :mod:`attnprobe.heads.sinks`)
+sink_rate          share of rows whose sink keys take > 0.3 of the mass (Gu et al.'s ε)
+column_sink        mass on column sinks that are neither the first nor a start token
+*_nosink           the same score judged on the mass left after the sink keys, renormalised
+                   per row and averaged with each row weighted by that mass (``1 - sink``
+                   of the row): ``prev_nosink``, ``self_nosink``, ``next_nosink``,
+                   ``max_weight_nosink``, ``chance_weight_nosink`` (1 / keys that are no
+                   sink), ``entropy_norm_nosink`` (over ln of those keys),
+                   ``pos_score_nosink`` and ``pos_offset_nosink`` (argmax among them).
+                   NaN for a head with no mass left. The label rules read these.
 block              share of content attention kept in the query's own segment (pairs only)
 duplicate ...      token-match scores on the corpus: ``duplicate``, ``induction`` (earlier
                    keys) and ``duplicate_ahead``, ``induction_ahead`` (later keys), over rows
                    where the pattern exists
-rep_*              the same on repeated random tokens (``rep_prev``, ``rep_duplicate``,
-                   ``rep_induction``, ``rep_duplicate_ahead``, ``rep_induction_ahead``)
+rep_*              the same on repeated random tokens inside the tokenizer's own template,
+                   ``[CLS] x x [SEP]``, ``<s> x x`` ... (``rep_prev``, ``rep_duplicate``,
+                   ``rep_induction``, ``rep_duplicate_ahead``, ``rep_induction_ahead``;
+                   :mod:`attnprobe.heads.probe`)
 syntax_*           best dependency relation of the head (see ``attnprobe.heads.dependencies``)
 =================  ==========================================================================
 """
@@ -32,15 +46,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from attnprobe.core.reducers import Reducer, Tally
 from attnprobe.core.tokens import token_classes
 from attnprobe.heads.census_stats import CensusStats
+from attnprobe.heads.sinks import NAMED_OFFSETS
 
 INDEX = ["stack", "kind", "layer", "head", "head_id"]
-NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}
+SINK_COLUMNS = ("sink", "sink_rate", "column_sink")
+NOSINK_COLUMNS = ("prev", "self", "next", "max_weight", "chance_weight", "entropy_norm")
 
 
 def census_reducers(tokenizer: Any = None, *, max_offset: int | None = None,
@@ -79,13 +96,16 @@ def wide_scores(tally: Tally, *, window: int = 3, extra: pd.DataFrame | None = N
     for offset in range(-window, window + 1):
         take(_offset_column(offset), f"offset@{offset:+d}")
     take("distance")
-    argmax = [c for c in wide.columns if c.startswith("argmax@") and c != "argmax@far"]
-    if argmax:
-        shares = wide[argmax].fillna(0.0)
-        out["pos_score"] = shares.max(axis=1).to_numpy()
-        out["pos_offset"] = [int(c.split("@")[1]) for c in shares.idxmax(axis=1)]
+    found = _argmax_shares(wide, "argmax")
+    if found is not None:
+        out["pos_score"], out["pos_offset"] = found[0].to_numpy(), found[1].to_numpy()
     take("first")
-    for column in ("cls", "sep", "bos", "eos", "special", "punct", "block", "duplicate",
+    for column in ("cls", "sep", "bos", "eos", "special", "punct"):
+        if column in wide:
+            take(column)
+    if "sink" in wide:
+        _sink_free(out, wide)
+    for column in ("block", "duplicate",
                    "induction", "duplicate_ahead", "induction_ahead", "rep_prev",
                    "rep_duplicate", "rep_induction", "rep_duplicate_ahead",
                    "rep_induction_ahead"):
@@ -95,6 +115,38 @@ def wide_scores(tally: Tally, *, window: int = 3, extra: pd.DataFrame | None = N
         keys = ["stack", "kind", "layer", "head"]
         out = out.merge(extra.drop(columns=["head_id"], errors="ignore"), on=keys, how="left")
     return out
+
+
+def _argmax_shares(wide: pd.DataFrame, prefix: str) -> tuple[pd.Series, pd.Series] | None:
+    """(share at the most common argmax offset, that offset) from ``<prefix>@<offset>``
+    columns, or None without such columns."""
+    columns = [c for c in wide.columns if c.startswith(prefix + "@") and c != prefix + "@far"]
+    if not columns:
+        return None
+    shares = wide[columns].fillna(0.0)
+    return shares.max(axis=1), shares.idxmax(axis=1).map(lambda c: int(c.split("@")[1]))
+
+
+def _sink_free(out: pd.DataFrame, wide: pd.DataFrame) -> None:
+    """The sink columns and the ``*_nosink`` scores (module docstring) into ``out``."""
+    for column in SINK_COLUMNS:
+        out[column] = wide[column].to_numpy()
+    for column in NOSINK_COLUMNS:
+        name = f"{column}_nosink"
+        out[name] = wide[name].to_numpy() if name in wide else float("nan")
+    rest = wide["rest"].to_numpy() if "rest" in wide else None
+    found = _argmax_shares(wide, "argmax_nosink")
+    if found is None or rest is None:
+        out["pos_score_nosink"] = out["pos_offset_nosink"] = float("nan")
+        return
+    top, offset = found
+    has_rest = rest > 0
+    # argmax_nosink@d and rest are both means over every row: their ratio is Σ r·1[d] / Σ r
+    out["pos_score_nosink"] = np.divide(top.to_numpy(), rest, out=np.full(len(rest), np.nan),
+                                        where=has_rest)
+    offsets = offset.to_numpy()
+    out["pos_offset_nosink"] = offsets if has_rest.all() else \
+        np.where(has_rest, offsets.astype(float), np.nan)
 
 
 def offset_table(tally: Tally) -> pd.DataFrame:

@@ -68,9 +68,11 @@ def classify(maps: Sequence[AttentionMap] | Any, *, tokenizer: Any = None,
              thresholds: Thresholds | None = None, window: int = 3) -> pd.DataFrame:
     """Label every head of stored maps (or of a :class:`~attnprobe.heads.head_census.Census`).
 
-    Returns one row per head: ``stack, kind, layer, head, head_id, label, evidence, also``
-    and every score (see :mod:`attnprobe.heads.scores`). Without ``tokenizer`` the special
-    tokens are recognised by their usual spellings (``[CLS]``, ``<s>`` ...).
+    Returns one row per head: ``stack, kind, layer, head, head_id, label, family, evidence,
+    also`` and every score (see :mod:`attnprobe.heads.scores`), computed by the census'
+    reducer, so the labels are the census' (sink keys included; the ``rep_*`` probe scores need
+    a model and are absent). Without ``tokenizer`` the special tokens are recognised by their
+    usual spellings (``[CLS]``, ``<s>`` ...).
     """
     if hasattr(maps, "classify") and not isinstance(maps, Sequence):
         return maps.classify(thresholds)

@@ -94,9 +94,11 @@ def census_tables(census: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
 
 
 def census_sections(census: Any) -> list[Section]:
-    """Head grid, layer profile and (when the census has distances) the head clusters."""
+    """Head grid with the label counts by family, layer profile and (when the census has
+    distances) the head clusters."""
     classified, profile, clusters = census_tables(census)
-    out = [Section("heads", "Head grid", figure(svg.head_grid(classified))),
+    counts = table(label_rules.label_counts(classified))  # both bodies are escaped markup
+    out = [Section("heads", "Head grid", figure(svg.head_grid(classified)) + counts),
            Section("profile", "Layer profile", figure(svg.layer_profile_chart(profile)))]
     if clusters is not None:
         out.append(Section("clusters", "Head clustering",

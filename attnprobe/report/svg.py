@@ -1,9 +1,12 @@
 """Inline SVG figures (no matplotlib): head grid, layer profile, head MDS scatter.
 
 This module computes the geometry; ``templates/figures.svg.j2`` writes the SVG, escaping
-every text and tooltip. A label's colour comes from its rule in
+every text and tooltip. A label's colour and family come from its rule in
 :data:`attnprobe.heads.labels.RULES`, so a newly registered label is drawn in its own colour
-(or in :data:`UNKNOWN_COLOUR` when its rule has none) without touching this module.
+(or in :data:`UNKNOWN_COLOUR` when its rule has none) and listed under its family without
+touching this module. Legends list labels grouped by family (families in the order of their
+first label in the precedence); the head grid's legend gives the number of heads of each
+family and label.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ CLUSTER_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc9
                    "#ff9da7", "#9c755f", "#bab0ac")
 # Scores shown in a head's tooltip when present.
 KEY_SCORES = ("entropy_norm", "max_weight", "prev", "self", "next", "first", "special",
+              "sink", "prev_nosink", "self_nosink", "next_nosink", "entropy_norm_nosink",
               "distance", "pos_score", "syntax_accuracy", "rep_induction")
 LEFT = 90  # room for the row names left of the grid and bars
 
@@ -49,7 +53,9 @@ def _fmt(value: object) -> str:
 
 def head_tooltip(row: pd.Series) -> str:
     """Plain-text tooltip of one classified head (escaped by the template)."""
-    lines = [f"{row.get('head_id', '')}: {row.get('label', '')}"]
+    family = row.get("family")
+    lines = [f"{row.get('head_id', '')}: {row.get('label', '')}"
+             + (f" ({family})" if isinstance(family, str) and family else "")]
     if isinstance(row.get("evidence"), str) and row["evidence"]:
         lines.append(row["evidence"])
     if isinstance(row.get("also"), str) and row["also"]:
@@ -62,15 +68,43 @@ def head_tooltip(row: pd.Series) -> str:
 
 
 def _in_order(present: Iterable[object]) -> list[str]:
-    """The labels in ``present``, in precedence order; labels no rule knows come last."""
+    """The labels in ``present`` grouped by family (:func:`families`); labels no rule knows
+    come last."""
     present = {str(label) for label in present}
-    order = label_rules.RULES.precedence()
+    rules = label_rules.RULES
+    order = [lab for family in rules.families() for lab in rules.labels_of(family)]
     return [lab for lab in order if lab in present] + sorted(present - set(order))
+
+
+def families(labels: Iterable[object]) -> list[tuple[str, list[str]]]:
+    """``[(family, [label, ...]), ...]`` of the labels present, families in the registry's
+    order (:meth:`~attnprobe.heads.label_rules.RuleRegistry.families`), labels in precedence
+    order; labels no rule knows form a last group named ``"other"``."""
+    present = _in_order(labels)
+    groups: dict[str, list[str]] = {}
+    for label in present:
+        groups.setdefault(label_rules.RULES.family(label) or "other", []).append(label)
+    return list(groups.items())
 
 
 def _legend(names: list[str], x: float, y: float) -> list[dict[str, Any]]:
     return [{"x": x, "y": y + i * 16, "fill": colour(name), "label": name}
             for i, name in enumerate(names)]
+
+
+def _family_legend(labels: pd.Series, x: float, y: float) -> list[dict[str, Any]]:
+    """Legend of the head grid: each family with its number of heads (a heading without a
+    swatch), then its labels with theirs."""
+    counts = labels.astype(str).value_counts()
+    entries: list[dict[str, Any]] = []
+    for family, members in families(counts.index):
+        total = int(sum(counts[label] for label in members))
+        entries.append({"x": x, "y": y + len(entries) * 16, "fill": None,
+                        "label": f"{family} ({total})"})
+        entries += [{"x": x + 8, "y": y + (len(entries) + i) * 16, "fill": colour(label),
+                     "label": f"{label} ({int(counts[label])})"}
+                    for i, label in enumerate(members)]
+    return entries
 
 
 def _row_name(stack: object, kind: object, layer: object, several: bool) -> str:
@@ -89,7 +123,7 @@ def head_grid(classified: pd.DataFrame, cell: int = 22) -> Any:
     row_of = {r: i for i, r in enumerate(rows)}
     several = len({(s, k) for s, k, _ in rows}) > 1
     top = 20
-    names = _in_order(frame["label"])
+    legend = _family_legend(frame["label"], LEFT + cell * len(heads) + 16, top)
     texts = [{"x": LEFT + col[h] * cell + cell / 2, "y": top - 6, "body": f"H{h}",
               "anchor": "middle"} for h in heads]
     texts += [{"x": LEFT - 6, "y": top + r * cell + cell * 0.7, "anchor": "end",
@@ -99,9 +133,9 @@ def head_grid(classified: pd.DataFrame, cell: int = 22) -> Any:
               "head_id": str(row.get("head_id", "")), "fill": colour(row["label"]),
               "tip": head_tooltip(row)} for _, row in frame.iterrows()]
     return _macro("head_grid")({
-        "width": LEFT + cell * len(heads) + 150, "size": cell - 2, "texts": texts,
-        "height": max(top + cell * len(rows) + 10, top + 16 * len(names) + 10),
-        "cells": cells, "legend": _legend(names, LEFT + cell * len(heads) + 16, top)})
+        "width": LEFT + cell * len(heads) + 200, "size": cell - 2, "texts": texts,
+        "height": max(top + cell * len(rows) + 10, top + 16 * len(legend) + 10),
+        "cells": cells, "legend": legend})
 
 
 def layer_profile_chart(profile: pd.DataFrame, bar: int = 18, width: int = 360) -> Any:

@@ -44,6 +44,7 @@ import torch
 
 import attnprobe as ap
 from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.models.induction import repeated_segments
 from tests.conftest import track
 
 TEXTS = [  # token counts with [BOS]: 23, 17, 26, 18, 25, 20 (sorted batches: 17-20, 23-26)
@@ -78,21 +79,36 @@ def expected_scores(lengths: list[int], score: ScoreFn, *, causal: bool,
 
     ``first_score`` replaces ``score`` on key 0 (content-based sinks). Means are over every
     real row of every sentence; ``entropy_norm`` only over rows that see more than one key
-    (scores.py, reducers.NormalizedEntropy).
+    (scores.py, reducers.NormalizedEntropy). The sink-free scores follow
+    ``attnprobe/heads/sinks.py``: sink keys are key 0 (``[BOS]``, the first token) and every
+    key taking more than 0.3 of the mass in more than half of the (at least 4) rows that may
+    see it; each sink-free score is a mean over rows weighted by the mass a row has left.
     """
     sums: dict[str, float] = dict.fromkeys(
         ("entropy", "chance_weight", "max_weight", "prev", "self", "next", "first",
-         "distance"), 0.0)
+         "distance", "sink", "sink_rate", "column_sink"), 0.0)
+    free = dict.fromkeys(("prev", "self", "next", "max_weight", "rest"), 0.0)
+    free_chance, free_entropy = [0.0, 0.0], [0.0, 0.0]  # (Σ r·value, Σ r)
     normed, n_normed, rows = 0.0, 0, 0
     argmax: dict[int, int] = {}
+    free_argmax: dict[int, float] = {}
     for n in lengths:
+        weights = np.zeros((n, n))
         for i in range(n):
             keys = np.arange(i + 1 if causal else n)
             s = score(i, keys).astype(np.float64)
             if first_score is not None:
                 s[0] = first_score(i, keys[:1])[0]
             w = np.exp(s - s.max())
-            w /= w.sum()
+            weights[i, keys] = w / w.sum()
+        seen = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+        seers = seen.sum(0)
+        hits = ((weights > 0.3) & seen).sum(0)
+        columns = {int(k) for k in np.flatnonzero((hits > 0.5 * seers) & (seers >= 4))}
+        sinks = columns | {0}
+        for i in range(n):
+            keys = np.flatnonzero(seen[i])
+            w = weights[i, keys]
             h = float(-(w[w > 0] * np.log(w[w > 0])).sum())
             rows += 1
             sums["entropy"] += h
@@ -107,15 +123,47 @@ def expected_scores(lengths: list[int], score: ScoreFn, *, causal: bool,
             sums["distance"] += float((w * np.abs(keys - i)).sum())
             top = int(keys[int(w.argmax())]) - i
             argmax[top] = argmax.get(top, 0) + 1
+            in_sink = np.isin(keys, list(sinks))
+            sink = float(w[in_sink].sum())
+            sums["sink"] += sink
+            sums["sink_rate"] += sink > 0.3
+            sums["column_sink"] += float(w[np.isin(keys, list(columns - {0}))].sum())
+            rest_keys, rest_w = keys[~in_sink], w[~in_sink]
+            r = float(rest_w.sum())
+            free["rest"] += r
+            if r <= 0:
+                continue
+            p = rest_w / r
+            for name, offset in (("prev", -1), ("self", 0), ("next", 1)):
+                free[name] += r * float(p[rest_keys == i + offset].sum())
+            free["max_weight"] += r * float(p.max())
+            free_top = int(rest_keys[int(p.argmax())]) - i
+            free_argmax[free_top] = free_argmax.get(free_top, 0.0) + r
+            free_chance[0] += r / len(rest_keys)
+            free_chance[1] += r
+            if len(rest_keys) >= 2:
+                hp = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+                free_entropy[0] += r * hp / math.log(len(rest_keys))
+                free_entropy[1] += r
     out = {name: value / rows for name, value in sums.items()}
     out["entropy_norm"] = normed / n_normed
+    out["pos_offset"], out["pos_score"] = _most_common(argmax, rows)
+    rest = free["rest"]
+    for name in ("prev", "self", "next", "max_weight"):
+        out[f"{name}_nosink"] = free[name] / rest
+    out["chance_weight_nosink"] = free_chance[0] / free_chance[1]
+    out["entropy_norm_nosink"] = free_entropy[0] / free_entropy[1]
+    out["pos_offset_nosink"], out["pos_score_nosink"] = _most_common(free_argmax, rest)
+    return out
+
+
+def _most_common(argmax: dict[int, float], total: float) -> tuple[float, float]:
+    """(offset, share) of the most common argmax offset. The offset is only defined by the
+    construction when one offset wins outright (a sink's argmax sits at -i on row i: many
+    offsets tie); NaN says "do not compare"."""
     best = max(argmax.values())
     tied = [offset for offset, count in argmax.items() if count == best]
-    # pos_offset is only defined by the construction when one offset wins outright (a sink's
-    # argmax sits at -i on row i: many offsets tie); NaN says "do not compare".
-    out["pos_offset"] = tied[0] if len(tied) == 1 else float("nan")
-    out["pos_score"] = best / rows
-    return out
+    return (tied[0] if len(tied) == 1 else float("nan")), best / total
 
 
 def uniform(i: int, keys: np.ndarray) -> np.ndarray:
@@ -306,7 +354,9 @@ def layer0(table, head: int):
 
 
 COMPARED = ("entropy", "entropy_norm", "chance_weight", "max_weight", "prev", "self", "next",
-            "first", "distance", "pos_score")
+            "first", "distance", "pos_score", "sink", "sink_rate", "column_sink", "prev_nosink",
+            "self_nosink", "next_nosink", "max_weight_nosink", "chance_weight_nosink",
+            "entropy_norm_nosink", "pos_score_nosink")
 
 
 def test_corpus_lengths_are_what_the_expectations_assume():
@@ -357,7 +407,9 @@ def test_uniform_heads_are_broad_with_exact_entropy():
         assert row["chance_weight"] == pytest.approx(chance, abs=EXACT)
         assert row["max_weight"] == pytest.approx(row["chance_weight"], abs=EXACT)
         assert row["label"] == "broad", row["evidence"]
-        assert row["evidence"].startswith("entropy_norm=1 >= 0.78")
+        assert row["evidence"].startswith("entropy_norm_nosink=1 >= 0.78")
+        # key 0 is a sink key: the rest is uniform over the other keys
+        assert row["sink"] == pytest.approx(row["first"], abs=EXACT)
 
 
 def test_previous_token_head():
@@ -367,7 +419,7 @@ def test_previous_token_head():
     assert expected["entropy_norm"] > 0.05 and expected["max_weight"] < 0.95  # not one-hot
     row = layer0(run_census(built).classify(), 1)
     assert row["label"] == "previous"
-    assert row["evidence"].startswith("prev=")
+    assert row["evidence"].startswith("prev_nosink=")
     assert row["prev"] > 0.9
     assert row["pos_offset"] == -1
     # Rows 1.. put their largest weight on i-1; row 0 (no previous key) looks elsewhere.
@@ -406,7 +458,10 @@ def test_sink_head(name):
     assert row["label"] == "sink"
     assert row["first"] > 0.9
     assert row["bos"] == pytest.approx(row["first"], abs=EXACT)  # [BOS] is always first
-    assert re.match(r"(first|bos)=0\.9\d* > 0\.6", row["evidence"]), row["evidence"]
+    assert re.fullmatch(r"sink=0\.9\d* > 0\.6, (first|bos)=0\.9\d*", row["evidence"]), \
+        row["evidence"]
+    # under 5 % of the mass is left after the sink: the sink-free rules do not read it
+    assert 1 - row["sink"] < 0.05 and row["also"] == ""
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi"])
@@ -442,8 +497,9 @@ def test_stored_maps_give_the_census_labels_and_scores(name, similarity):
     assert list(streamed["label"]) == list(stored["label"])
     assert list(streamed["also"]) == list(stored["also"])
     assert sorted(streamed.columns) == sorted(stored.columns)
+    assert list(streamed["family"]) == list(stored["family"])
     numeric = [c for c in streamed.columns
-               if c not in (*keys, "label", "evidence", "also")]
+               if c not in (*keys, "label", "family", "evidence", "also")]
     for column in numeric:
         np.testing.assert_allclose(stored[column].to_numpy(float),
                                    streamed[column].to_numpy(float), rtol=0, atol=CROSS_PATH,
@@ -455,11 +511,13 @@ def test_stored_maps_give_the_census_labels_and_scores(name, similarity):
 # ---- the one-hot limit ------------------------------------------------------------------------
 
 ONE_HOT = [
-    # (model, head, constructed pattern (methods.md §13 self-test), label, score, its value)
-    ("alibi", 0, "identity (self-test 2)", "self", "self", 1.0),
-    ("alibi", 1, "column 0 (self-test 4)", "sink", "first", 1.0),
+    # (model, head, constructed pattern (methods.md §13 self-test), label, score, its value,
+    #  also): a one-hot target that is no sink leaves one-hot rows after the sinks, so
+    # ``collapsed`` fires too; a one-hot sink leaves nothing to judge
+    ("alibi", 0, "identity (self-test 2)", "self", "self", 1.0, "collapsed"),
+    ("alibi", 1, "column 0 (self-test 4)", "sink", "first", 1.0, ""),
     ("rope", 1, "sub-diagonal (self-test 3)", "previous", "prev",
-     (sum(LENGTHS) - len(LENGTHS)) / sum(LENGTHS)),
+     (sum(LENGTHS) - len(LENGTHS)) / sum(LENGTHS), "collapsed"),
 ]
 
 
@@ -483,18 +541,20 @@ def build_one_hot(name: str) -> Built:
     return built
 
 
-@pytest.mark.parametrize(("name", "head", "pattern", "label", "column", "value"), ONE_HOT)
-def test_one_hot_heads_keep_their_label(name, head, pattern, label, column, value):
+@pytest.mark.parametrize(("name", "head", "pattern", "label", "column", "value", "also"),
+                         ONE_HOT)
+def test_one_hot_heads_keep_their_label(name, head, pattern, label, column, value, also):
     """methods.md §13 self-tests 2-4: identity -> self, column 0 -> sink, sub-diagonal (row 0
     elsewhere) -> prev = (n - 1) / n summed over sentences. The rows are one-hot, so the
-    ``collapsed`` rule fires too; labels.py ranks it after sink and the positional labels and
-    lists it in ``also``."""
+    ``collapsed`` rule fires on the mass left after the sink (the first token) for the
+    identity and sub-diagonal heads; labels.py ranks it after the positional labels and lists
+    it in ``also``. The column-0 head has no mass left (under ``min_rest``): ``sink`` alone."""
     built = build_one_hot(name)
     row = layer0(run_census(built).classify(), head)
     assert row[column] == pytest.approx(value, abs=1e-4), pattern
     assert row["entropy_norm"] < 0.05 and row["max_weight"] > 0.95, pattern
     assert row["label"] == label, f"{pattern}: {row['label']} ({row['evidence']})"
-    assert "collapsed" in row["also"].split(", "), pattern
+    assert row["also"] == also, pattern
     stored = layer0(ap.heads.classify(ap.extract(built.model, built.tok, TEXTS,
                                                  batch_size=BATCH)), head)
     assert (stored["label"], stored["also"]) == (row["label"], row["also"])
@@ -560,3 +620,65 @@ def test_stored_maps_match_the_census_with_unknown_words():
         np.testing.assert_allclose(stored[column].to_numpy(float),
                                    streamed[column].to_numpy(float), rtol=0, atol=CROSS_PATH,
                                    err_msg=column)
+
+
+# ---- a trained decoder: ref:induction ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def induction_run():
+    """``ref:induction`` (cached weights; trained once when missing) on 48 of its own training
+    sequences (a random segment repeated later), with the probe at 20 tokens per copy."""
+    model, tok = ap.load_model("ref:induction")
+    track(model)
+    segments = repeated_segments(48, torch.Generator().manual_seed(7), tok)
+    texts = [" ".join(tok.convert_ids_to_tokens(ids[1:].tolist()))
+             for ids in segments.input_ids]
+    table = ap.heads.census(model, tok, texts, similarity=False, probe_length=20).classify()
+    return model, tok, texts, table
+
+
+def test_ref_induction_keeps_its_previous_and_induction_heads(induction_run):
+    """The known circuit: previous-token heads in layer 0, induction heads in layer 1, with
+    the first-token sink set aside rather than winning."""
+    _, _, _, table = induction_run
+    layer_0, layer_1 = table[table["layer"] == 0], table[table["layer"] == 1]
+    previous = layer_0[layer_0["label"] == "previous"]
+    assert len(previous) >= 1 and (previous["family"] == "local").all()
+    assert (layer_1["label"] == "induction").all(), layer_1[["head_id", "label", "evidence"]]
+    assert (layer_1["family"] == "copying").all()
+    assert not (layer_0["label"] == "induction").any()
+    assert not (table["label"] == "sink").any()
+
+
+def test_ref_induction_sink_free_previous_mass_matches_the_maps(induction_run):
+    """``prev_nosink`` of the previous-token heads, recomputed from extracted maps: no key but
+    the first takes more than 0.3 in most rows, so the sink is key 0 alone and the score is
+    Σ_i a[i, i-1] (i ≥ 2) / Σ_i (1 - a[i, 0]) over every row of every sequence."""
+    model, tok, texts, table = induction_run
+    maps = ap.extract(model, tok, texts)
+    for _, row in table[table["label"] == "previous"].iterrows():
+        on_prev = rest = sink = rows = 0.0
+        for amap in maps:
+            a = amap.pattern[int(row["layer"]), int(row["head"])].double()  # [query, key]
+            n = a.shape[0]
+            seers = torch.arange(n, 0, -1, dtype=torch.float64)  # causal: n - k rows see key k
+            hits = ((a > 0.3).sum(0) > 0.5 * seers) & (seers >= 4)
+            assert not hits[1:].any()  # no column sink besides the first token
+            on_prev += float(a.diagonal(-1)[1:].sum())
+            rest += float((1 - a[:, 0]).sum())
+            sink += float(a[:, 0].sum())
+            rows += n
+        assert row["prev_nosink"] == pytest.approx(on_prev / rest, abs=1e-5)
+        assert row["sink"] == pytest.approx(sink / rows, abs=1e-5)
+        assert row["prev_nosink"] > row["prev"]  # the sink's mass no longer dilutes it
+
+
+def test_ref_induction_stored_maps_give_the_census_labels(induction_run):
+    model, tok, texts, _ = induction_run
+    census = ap.heads.census(model, tok, texts, repeated=False).classify()
+    stored = ap.heads.classify(ap.extract(model, tok, texts))
+    assert list(census["label"]) == list(stored["label"])
+    assert list(census["also"]) == list(stored["also"])
+    for column in ("sink", "prev_nosink", "entropy_norm_nosink", "pos_score_nosink"):
+        np.testing.assert_allclose(stored[column].to_numpy(float),
+                                   census[column].to_numpy(float), rtol=0, atol=CROSS_PATH)

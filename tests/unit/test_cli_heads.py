@@ -95,13 +95,22 @@ def conllu(tmp_path):
 
 
 
-def printed_label_counts(out: str) -> dict[str, int]:
-    counts = {}
+def printed_counts(out: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(family counts, label counts) of the summary: families indented by two spaces, their
+    labels by four (a label named like its family is counted in the family's line)."""
+    families: dict[str, int] = {}
+    labels: dict[str, int] = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] in PRECEDENCE:
-            counts[parts[0]] = int(parts[1])
-    return counts
+        if len(parts) != 2 or not parts[1].isdigit():
+            continue
+        if line.startswith("    "):
+            labels[parts[0]] = int(parts[1])
+        elif line.startswith("  "):
+            families[parts[0]] = int(parts[1])
+            if parts[0] in PRECEDENCE:
+                labels[parts[0]] = int(parts[1])
+    return families, labels
 
 
 def test_heads_writes_one_labelled_row_per_head(tiny_bert, conllu, tmp_path, capsys):
@@ -113,18 +122,21 @@ def test_heads_writes_one_labelled_row_per_head(tiny_bert, conllu, tmp_path, cap
     assert len(table) == N_LAYERS * N_HEADS
     assert set(zip(table.layer, table["head"], strict=True)) == set(
         itertools.product(range(N_LAYERS), range(N_HEADS)))
-    assert list(table.columns[:8]) == ["stack", "kind", "layer", "head", "head_id", "label",
-                                       "evidence", "also"]
+    assert list(table.columns[:9]) == ["stack", "kind", "layer", "head", "head_id", "label",
+                                       "family", "evidence", "also"]
     for score in ("entropy", "entropy_norm", "max_weight", "prev", "self", "next", "cls",
-                  "sep", "rep_induction", "rep_duplicate", "syntax_accuracy", "dep_alignment"):
+                  "sep", "sink", "sink_rate", "prev_nosink", "entropy_norm_nosink",
+                  "rep_induction", "rep_duplicate", "syntax_accuracy", "dep_alignment"):
         assert score in table.columns
     assert set(table.label) <= set(PRECEDENCE)
     assert table.evidence.notna().all()
     assert table.entropy_norm.between(0, 1).all() and table.max_weight.between(0, 1).all()
     assert table.dep_alignment.notna().all()  # trees were given, so syntax scores joined
-    # stdout: sentence count and the label counts, which match the table
-    assert printed.startswith("3 sentences, 4 heads")
-    assert printed_label_counts(printed) == table.label.value_counts().to_dict()
+    # stdout: sentence count, probe size, then the counts by family and label, as in the table
+    assert printed.startswith("3 sentences, 4 heads; probe 2 x 32 tokens")
+    families, labels = printed_counts(printed)
+    assert families == table.family.value_counts().to_dict()
+    assert labels == table.label.value_counts().to_dict()
     assert "census" in err and f"wrote 4 heads to {out}" in err  # progress bar and note
 
 
@@ -148,6 +160,32 @@ def test_heads_from_text_with_profile_and_distances(tiny_bert, tmp_path, capsys)
     pairs = pd.read_csv(distances)
     assert len(pairs) == 4 * 3 // 2  # every pair of the 4 heads once
     assert pairs.js.between(0, 1).all()
+
+
+def test_heads_probe_length(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "h.csv"
+    code, printed, err = run(["heads", "--model", tiny_bert, "--text", "the cat ran",
+                              "--no-similarity", "--probe-length", "5", "--quiet",
+                              "--out", str(out)], capsys)
+    assert code == 0, err
+    assert printed.startswith("1 sentence, 4 heads; probe 2 x 5 tokens")
+    assert pd.read_csv(out)["rep_prev"].notna().all()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--probe-length", "64"], "probe length 64 needs 2 x 64 + 2 = 130 tokens but the model "
+                               "takes at most 128; use a probe length of at most 63"),
+    (["--probe-length", "1"], "probe length must be an integer of at least 2"),
+    (["--probe-length", "70"], "probe length 70 needs"),
+    (["--probe-length", "4", "--no-repeated"], "--probe-length needs the repeated-token probe"),
+])
+def test_a_probe_the_model_cannot_hold_is_one_line_and_exit_2(extra, message, tiny_bert,
+                                                              tmp_path, capsys):
+    out = tmp_path / "h.csv"
+    code, printed, err = run(["heads", "--model", tiny_bert, "--text", "the cat ran",
+                              "--quiet", "--out", str(out), *extra], capsys)
+    assert code == 2 and printed == "" and not out.exists()
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
 
 
 def test_heads_without_similarity_and_repeated(tiny_bert, tmp_path, capsys):

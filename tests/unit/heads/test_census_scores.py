@@ -86,17 +86,22 @@ def test_next_and_fixed_offset_maps():
     label, row = label_of(shifted(n, -2))
     assert row["offset-2"] == pytest.approx((n - 2) / n)
     assert row["pos_offset"] == -2 and row["pos_score"] == pytest.approx((n - 2) / n)
-    assert label == "collapsed"  # 7/9 of rows at -2 is under Voita's 0.9: one-hot, no offset
+    # 7/9 of rows at -2 is under Voita's 0.9, but the two clamped rows (and row 2, whose -2
+    # is key 0) put all their mass on the first token, a sink: on the mass left every row is
+    # at -2
+    assert row["sink"] == pytest.approx(3 / n)
+    assert row["pos_score_nosink"] == pytest.approx(1.0) and row["pos_offset_nosink"] == -2
+    assert label == "offset" and "collapsed" in row["also"].split(", ")
     long = ["[CLS]", *(f"w{i}" for i in range(28)), "[SEP]"]
     label, row = label_of(shifted(len(long), -2), long)
     assert row["pos_score"] == pytest.approx(28 / 30)
-    assert label == "offset" and "pos_offset=-2" in row["evidence"]
+    assert label == "offset" and "pos_offset_nosink=-2" in row["evidence"]
 
 
 def test_one_column_on_sep_is_a_sink():
     n = len(WORDS)
     label, row = label_of(column(n, n - 1))
-    assert label == "sink" and "sep" in row["evidence"]
+    assert label == "sink" and row["evidence"] == "sink=1 > 0.6, column_sink=1"
     assert row["sep"] == pytest.approx(1.0) and row["special"] == pytest.approx(1.0)
     assert row["first"] == 0.0 and row["punct"] == 0.0
     label, row = label_of(column(n, 0))

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from attnprobe.errors import InputError
-from attnprobe.heads import labels
+from attnprobe.heads import label_rules, labels
 from attnprobe.heads.labels import (
     INDEX_COLUMNS,
     PRECEDENCE,
@@ -31,56 +31,69 @@ def classify_one(thresholds=None, **scores):
 
 
 def map_scores(pattern):
-    """Scores of one [query, key] self-attention pattern, straight from the definitions."""
+    """Sink-free scores of one [query, key] self-attention pattern without sink keys (so each
+    ``*_nosink`` score equals its raw form), straight from the definitions."""
     a = np.asarray(pattern, dtype=float)
     n = a.shape[0]
     h = -np.sum(np.where(a > 0, a * np.log(np.where(a > 0, a, 1)), 0), axis=1)
-    mass = {name: np.mean([a[i, i + d] if 0 <= i + d < n else 0.0 for i in range(n)])
+    mass = {f"{name}_nosink": np.mean([a[i, i + d] if 0 <= i + d < n else 0.0
+                                       for i in range(n)])
             for name, d in (("prev", -1), ("self", 0), ("next", 1))}
-    return {"entropy": h.mean(), "entropy_norm": (h / math.log(n)).mean(),
-            "max_weight": a.max(axis=1).mean(), "chance_weight": 1 / n, **mass}
+    return {"sink": 0.0, "entropy_norm_nosink": (h / math.log(n)).mean(),
+            "max_weight_nosink": a.max(axis=1).mean(), "chance_weight_nosink": 1 / n, **mass}
 
+
+# The families of the issue ("Causal language models, first class", section 2), written out
+# here rather than read from the registry.
+FAMILY = {"previous": "local", "next": "local", "self": "local", "offset": "local",
+          "vertical+diagonal": "local", "collapsed": "entropy_collapse", "block": "block",
+          "induction": "copying", "retrieval": "copying", "duplicate": "copying",
+          "broad": "uniform_collapse", "syntactic": "syntactic", "sink": "sink",
+          "heterogeneous": "heterogeneous"}
 
 # ---- each label fires for a row built to satisfy it ------------------------------------------
 
 LABEL_CASES = [
-    ("collapsed", {"entropy_norm": 0.01, "max_weight": 0.99},
-     "entropy_norm=0.01 < 0.05, max_weight=0.99 > 0.95"),
-    ("sink", {"sep": 0.7, "cls": 0.1, "special": 0.8}, "sep=0.7 > 0.6"),
-    ("sink", {"first": 0.9, "bos": NAN}, "first=0.9 > 0.6"),
-    ("sink", {"cls": 0.3, "sep": 0.4, "special": 0.7}, "special=0.7 > 0.6"),
-    ("sink", {"punct": 0.65}, "punct=0.65 > 0.6"),
-    ("previous", {"prev": 0.83}, "prev=0.83 > 0.5"),
-    ("next", {"next": 0.7}, "next=0.7 > 0.5"),
-    ("self", {"self": 0.6}, "self=0.6 > 0.5"),
-    ("previous", {"pos_score": 0.95, "pos_offset": -1, "max_weight": 0.85},
-     "pos_offset=-1, pos_score=0.95 >= 0.9, max_weight=0.85 > 0.8"),
-    ("next", {"pos_score": 0.9, "pos_offset": 1, "max_weight": 0.85},
-     "pos_offset=+1, pos_score=0.9 >= 0.9, max_weight=0.85 > 0.8"),
-    ("self", {"pos_score": 0.92, "pos_offset": 0, "max_weight": 0.9},
-     "pos_offset=0, pos_score=0.92 >= 0.9, max_weight=0.9 > 0.8"),
-    ("offset", {"pos_score": 0.95, "pos_offset": 2, "max_weight": 0.85},
-     "pos_offset=+2, pos_score=0.95 >= 0.9, max_weight=0.85 > 0.8"),
-    ("offset", {"pos_score": 0.91, "pos_offset": -3, "max_weight": 0.81},
-     "pos_offset=-3, pos_score=0.91 >= 0.9, max_weight=0.81 > 0.8"),
+    ("collapsed", {"entropy_norm_nosink": 0.01, "max_weight_nosink": 0.99},
+     "entropy_norm_nosink=0.01 < 0.05, max_weight_nosink=0.99 > 0.95"),
+    ("sink", {"sink": 0.7, "first": 0.1, "column_sink": 0.6}, "sink=0.7 > 0.6, column_sink=0.6"),
+    ("sink", {"sink": 0.9, "first": 0.9, "bos": NAN}, "sink=0.9 > 0.6, first=0.9"),
+    ("sink", {"sink": 0.65}, "sink=0.65 > 0.6"),
+    ("previous", {"prev_nosink": 0.83}, "prev_nosink=0.83 > 0.5"),
+    ("next", {"next_nosink": 0.7}, "next_nosink=0.7 > 0.5"),
+    ("self", {"self_nosink": 0.6}, "self_nosink=0.6 > 0.5"),
+    ("previous", {"pos_score_nosink": 0.95, "pos_offset_nosink": -1, "max_weight_nosink": 0.85},
+     "pos_offset_nosink=-1, pos_score_nosink=0.95 >= 0.9, max_weight_nosink=0.85 > 0.8"),
+    ("next", {"pos_score_nosink": 0.9, "pos_offset_nosink": 1, "max_weight_nosink": 0.85},
+     "pos_offset_nosink=+1, pos_score_nosink=0.9 >= 0.9, max_weight_nosink=0.85 > 0.8"),
+    ("self", {"pos_score_nosink": 0.92, "pos_offset_nosink": 0, "max_weight_nosink": 0.9},
+     "pos_offset_nosink=0, pos_score_nosink=0.92 >= 0.9, max_weight_nosink=0.9 > 0.8"),
+    ("offset", {"pos_score_nosink": 0.95, "pos_offset_nosink": 2, "max_weight_nosink": 0.85},
+     "pos_offset_nosink=+2, pos_score_nosink=0.95 >= 0.9, max_weight_nosink=0.85 > 0.8"),
+    ("offset", {"pos_score_nosink": 0.91, "pos_offset_nosink": -3, "max_weight_nosink": 0.81},
+     "pos_offset_nosink=-3, pos_score_nosink=0.91 >= 0.9, max_weight_nosink=0.81 > 0.8"),
     ("vertical+diagonal",
      {"prev": 0.25, "self": 0.25, "next": 0.125, "special": 0.35, "first": 0.1},
      "prev+self+next=0.625 >= 0.3, special=0.35 >= 0.3"),
     ("vertical+diagonal", {"prev": 0.25, "self": 0.0, "next": 0.25, "first": 0.5},
      "prev+self+next=0.5 >= 0.3, first=0.5 >= 0.3"),
+    ("vertical+diagonal", {"prev": 0.1, "self": 0.1, "next": 0.1, "sink": 0.4, "first": 0.2},
+     "prev+self+next=0.3 >= 0.3, sink=0.4 >= 0.3"),
     ("block", {"block": 0.85}, "block=0.85 >= 0.8"),
     ("induction", {"rep_induction": 0.3, "rep_induction_ahead": 0.6},
      "rep_induction_ahead=0.6 > 0.4"),
     ("induction", {"rep_induction": 0.45}, "rep_induction=0.45 > 0.4"),
+    ("retrieval", {"retrieval": 0.3}, "retrieval=0.3 > 0.1"),
     ("duplicate", {"rep_duplicate": 0.5, "rep_duplicate_ahead": 0.2}, "rep_duplicate=0.5 > 0.4"),
-    ("broad", {"entropy_norm": 0.9, "max_weight": 0.05, "chance_weight": 0.01},
-     "entropy_norm=0.9 >= 0.78, max_weight=0.05 <= 0.1"),
-    ("broad", {"entropy_norm": 0.8, "max_weight": 0.08},
-     "entropy_norm=0.8 >= 0.78, max_weight=0.08 <= 0.1"),
+    ("broad", {"entropy_norm_nosink": 0.9, "max_weight_nosink": 0.05,
+               "chance_weight_nosink": 0.01},
+     "entropy_norm_nosink=0.9 >= 0.78, max_weight_nosink=0.05 <= 0.1"),
+    ("broad", {"entropy_norm_nosink": 0.8, "max_weight_nosink": 0.08},
+     "entropy_norm_nosink=0.8 >= 0.78, max_weight_nosink=0.08 <= 0.1"),
     ("syntactic", {"syntax_relation": "nsubj", "syntax_margin": 0.15, "syntax_count": 40},
      "syntax_relation=nsubj, syntax_margin=0.15 >= 0.1, syntax_count=40 >= 20"),
-    ("heterogeneous", {"entropy_norm": 0.5, "max_weight": 0.4, "prev": 0.2, "special": 0.1},
-     "no rule fired"),
+    ("heterogeneous", {"entropy_norm_nosink": 0.5, "max_weight_nosink": 0.4, "prev_nosink": 0.2,
+                       "special": 0.1}, "no rule fired"),
 ]
 
 
@@ -89,6 +102,7 @@ LABEL_CASES = [
 def test_each_label_fires_for_a_row_built_to_satisfy_it(label, scores, evidence):
     row = classify_one(**scores)
     assert (row["label"], row["evidence"], row["also"]) == (label, evidence, "")
+    assert row["family"] == FAMILY[label]
 
 
 def test_every_label_but_the_fallback_has_one_registered_rule():
@@ -98,62 +112,88 @@ def test_every_label_but_the_fallback_has_one_registered_rule():
 
 def test_rules_are_plain_functions_of_row_and_thresholds():
     t = Thresholds()
-    assert RULES.get("previous")({"prev": 0.6}, t) == "prev=0.6 > 0.5"
-    assert RULES.get("previous")({"prev": 0.4}, t) is None
+    assert RULES.get("previous")({"prev_nosink": 0.6}, t) == "prev_nosink=0.6 > 0.5"
+    assert RULES.get("previous")({"prev_nosink": 0.4}, t) is None
+    assert RULES.get("previous")({"prev": 0.9}, t) is None  # the raw mass is not read
     assert RULES.get("sink")({}, t) is None
 
 
-# ---- precedence ------------------------------------------------------------------------------
+# ---- precedence: sink last, judged on the rest -------------------------------------------------
 
-def test_sink_beats_previous_and_lists_it_in_also():
-    row = classify_one(sep=0.7, prev=0.55)
-    assert row["label"] == "sink" and row["evidence"] == "sep=0.7 > 0.6"
-    assert row["also"] == "previous"
+def test_a_head_with_a_pattern_on_the_rest_keeps_it_and_lists_sink_in_also():
+    row = classify_one(sink=0.7, first=0.7, prev_nosink=0.55)
+    assert row["label"] == "previous" and row["evidence"] == "prev_nosink=0.55 > 0.5"
+    assert row["also"] == "sink"
+
+
+def test_sink_is_the_label_only_when_nothing_else_fires():
+    row = classify_one(sink=0.8, first=0.8, prev_nosink=0.3, entropy_norm_nosink=0.5,
+                       max_weight_nosink=0.4)
+    assert (row["label"], row["family"], row["also"]) == ("sink", "sink", "")
+
+
+def test_too_little_mass_left_is_not_judged():
+    """Under ``min_rest`` (5 %) of the mass outside the sinks, the sink-free rules stay quiet:
+    a head that is 97 % sink is a sink, whatever its last 3 % does."""
+    scores = {"sink": 0.97, "first": 0.97, "prev_nosink": 0.9, "entropy_norm_nosink": 0.01,
+              "max_weight_nosink": 0.99, "pos_score_nosink": 1.0, "pos_offset_nosink": -1}
+    row = classify_one(**scores)
+    assert (row["label"], row["also"]) == ("sink", "")
+    row = classify_one(Thresholds(min_rest=0.02), **scores)
+    assert (row["label"], row["also"]) == ("previous", "collapsed, sink")
 
 
 def test_also_lists_every_other_fired_label_in_precedence_order():
-    # sink (first), collapsed (entropy_norm, max_weight), induction; broad is impossible
-    # together with collapsed; syntactic fires on its own scores.
-    row = classify_one(entropy_norm=0.01, max_weight=0.99, first=0.99, rep_induction=0.5,
-                       syntax_margin=0.2, syntax_count=50, rep_duplicate=0.45)
-    assert row["label"] == "sink"
-    assert row["also"] == "collapsed, induction, duplicate, syntactic"
+    # collapsed (on the rest), induction, duplicate, syntactic and sink all fire
+    row = classify_one(entropy_norm_nosink=0.01, max_weight_nosink=0.99, sink=0.9, first=0.9,
+                       rep_induction=0.5, syntax_margin=0.2, syntax_count=50, rep_duplicate=0.45)
+    assert row["label"] == "collapsed"
+    assert row["also"] == "induction, duplicate, syntactic, sink"
 
 
 def test_positional_labels_win_over_the_kovaleva_and_token_match_labels():
-    row = classify_one(prev=0.6, self=0.1, next=0.0, special=0.3, rep_induction=0.9,
-                       entropy_norm=0.7, max_weight=0.3)
+    row = classify_one(prev=0.6, self=0.1, next=0.0, special=0.3, prev_nosink=0.6,
+                       rep_induction=0.9, entropy_norm_nosink=0.7, max_weight_nosink=0.3)
     assert row["label"] == "previous"
     assert row["also"] == "vertical+diagonal, induction"
     # a broad head is not vertical+diagonal, whatever chance mass it leaves on both
-    row = classify_one(prev=0.3, self=0.2, next=0.0, special=0.3, entropy_norm=0.8,
-                       max_weight=0.09)
+    row = classify_one(prev=0.3, self=0.2, next=0.0, special=0.3, entropy_norm_nosink=0.8,
+                       max_weight_nosink=0.09)
     assert row["label"] == "broad" and row["also"] == ""
 
 
+def test_retrieval_ranks_right_after_induction():
+    row = classify_one(rep_induction=0.5, retrieval=0.6, rep_duplicate=0.9)
+    assert (row["label"], row["also"]) == ("induction", "retrieval, duplicate")
+
+
 def test_block_does_not_fire_on_a_positional_head():
-    row = classify_one(block=0.9, pos_score=0.95, pos_offset=2, max_weight=0.9)
+    row = classify_one(block=0.9, pos_score_nosink=0.95, pos_offset_nosink=2,
+                       max_weight_nosink=0.9)
     assert row["label"] == "offset" and row["also"] == ""
-    row = classify_one(block=0.9, prev=0.7)
+    row = classify_one(block=0.9, prev_nosink=0.7)
     assert row["label"] == "previous" and row["also"] == ""
 
 
 def test_fixed_offset_at_minus_one_is_previous_not_offset():
-    row = classify_one(pos_score=0.95, pos_offset=-1, max_weight=0.9, prev=0.9)
-    assert row["label"] == "previous" and row["evidence"] == "prev=0.9 > 0.5"
+    row = classify_one(pos_score_nosink=0.95, pos_offset_nosink=-1, max_weight_nosink=0.9,
+                       prev_nosink=0.9)
+    assert row["label"] == "previous" and row["evidence"] == "prev_nosink=0.9 > 0.5"
     assert "offset" not in row["also"].split(", ")
 
 
 # ---- thresholds are parameters ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("scores", "change", "before", "after"), [
-    ({"prev": 0.45}, {"positional_mass": 0.4}, "heterogeneous", "previous"),
-    ({"sep": 0.7}, {"sink": 0.75}, "sink", "heterogeneous"),
+    ({"prev_nosink": 0.45}, {"positional_mass": 0.4}, "heterogeneous", "previous"),
+    ({"sink": 0.7}, {"sink": 0.75}, "sink", "heterogeneous"),
+    ({"sink": 0.96, "prev_nosink": 0.9}, {"min_rest": 0.03}, "sink", "previous"),
     ({"rep_induction": 0.35}, {"induction": 0.3}, "heterogeneous", "induction"),
+    ({"retrieval": 0.08}, {"retrieval": 0.05}, "heterogeneous", "retrieval"),
     ({"block": 0.75}, {"block": 0.7}, "heterogeneous", "block"),
-    ({"entropy_norm": 0.03, "max_weight": 0.97}, {"collapsed_max_weight": 0.98},
+    ({"entropy_norm_nosink": 0.03, "max_weight_nosink": 0.97}, {"collapsed_max_weight": 0.98},
      "collapsed", "heterogeneous"),
-    ({"entropy_norm": 0.9, "max_weight": 0.2, "chance_weight": 0.05},
+    ({"entropy_norm_nosink": 0.9, "max_weight_nosink": 0.2, "chance_weight_nosink": 0.05},
      {"broad_max_ratio": 4.0}, "heterogeneous", "broad"),
     ({"syntax_margin": 0.15, "syntax_count": 15}, {"syntax_count": 10},
      "heterogeneous", "syntactic"),
@@ -164,26 +204,31 @@ def test_changing_one_threshold_flips_the_label(scores, change, before, after):
 
 
 def test_evidence_reports_the_threshold_in_use():
-    row = classify_one(Thresholds(positional_mass=0.4), prev=0.45)
-    assert row["evidence"] == "prev=0.45 > 0.4"
+    row = classify_one(Thresholds(positional_mass=0.4), prev_nosink=0.45)
+    assert row["evidence"] == "prev_nosink=0.45 > 0.4"
 
 
 def test_evidence_never_prints_a_value_equal_to_a_strict_threshold():
-    row = classify_one(prev=0.5001)
-    assert row["evidence"] == "prev=0.5001 > 0.5"
+    row = classify_one(prev_nosink=0.5001)
+    assert row["evidence"] == "prev_nosink=0.5001 > 0.5"
 
 
 # ---- missing and NaN scores do not fire ------------------------------------------------------
 
 def test_nan_scores_do_not_fire_their_rule():
-    assert classify_one(prev=NAN, entropy_norm=0.5)["label"] == "heterogeneous"
+    assert classify_one(prev_nosink=NAN, entropy_norm_nosink=0.5)["label"] == "heterogeneous"
     # one half of a conjunction missing: collapsed does not fire
-    assert classify_one(entropy_norm=0.01, max_weight=NAN)["label"] == "heterogeneous"
-    assert classify_one(entropy_norm=0.01)["label"] == "heterogeneous"
+    assert classify_one(entropy_norm_nosink=0.01, max_weight_nosink=NAN)["label"] \
+        == "heterogeneous"
+    assert classify_one(entropy_norm_nosink=0.01)["label"] == "heterogeneous"
     # a fixed offset needs its offset
-    assert classify_one(pos_score=0.95, pos_offset=NAN, max_weight=0.9)["label"] == "heterogeneous"
+    assert classify_one(pos_score_nosink=0.95, pos_offset_nosink=NAN,
+                        max_weight_nosink=0.9)["label"] == "heterogeneous"
     # vertical+diagonal needs all of prev, self, next
     assert classify_one(prev=0.3, self=NAN, next=0.1, special=0.4)["label"] == "heterogeneous"
+    # a head with no mass left after its sinks has NaN sink-free scores: sink, nothing else
+    row = classify_one(sink=1.0, first=1.0, prev_nosink=NAN, entropy_norm_nosink=NAN)
+    assert (row["label"], row["also"]) == ("sink", "")
 
 
 def test_a_nan_alternative_does_not_stop_an_any_of_rule():
@@ -192,11 +237,12 @@ def test_a_nan_alternative_does_not_stop_an_any_of_rule():
 
 
 def test_block_is_nan_on_single_segment_inputs_and_does_not_fire():
-    assert classify_one(block=NAN, entropy_norm=0.5)["label"] == "heterogeneous"
+    assert classify_one(block=NAN, entropy_norm_nosink=0.5)["label"] == "heterogeneous"
 
 
 def test_nan_in_one_head_leaves_the_others_alone():
-    table = pd.DataFrame([head(0, 0, prev=0.9, sep=NAN), head(0, 1, prev=NAN, sep=0.9)])
+    table = pd.DataFrame([head(0, 0, prev_nosink=0.9, sink=NAN),
+                          head(0, 1, prev_nosink=NAN, sink=0.9)])
     assert list(classify_scores(table)["label"]) == ["previous", "sink"]
 
 
@@ -205,14 +251,14 @@ def test_nan_in_one_head_leaves_the_others_alone():
 def test_uniform_rows_on_a_short_input_are_broad():
     n = 8
     scores = map_scores(np.full((n, n), 1 / n))
-    assert scores["entropy_norm"] == pytest.approx(1.0)
-    assert scores["max_weight"] == pytest.approx(1 / n) == scores["chance_weight"]
+    assert scores["entropy_norm_nosink"] == pytest.approx(1.0)
+    assert scores["max_weight_nosink"] == pytest.approx(1 / n) == scores["chance_weight_nosink"]
     row = classify_one(**scores)
     assert row["label"] == "broad"
     # the 0.1 of Clark alone would reject it: 1/8 > 0.1
     assert classify_one(Thresholds(broad_max_ratio=0.0), **scores)["label"] != "broad"
-    assert row["evidence"] == ("entropy_norm=1 >= 0.78, "
-                               "max_weight=0.125 <= 0.375 (3 x chance_weight=0.125)")
+    assert row["evidence"] == ("entropy_norm_nosink=1 >= 0.78, max_weight_nosink=0.125 <= "
+                               "0.375 (3 x chance_weight_nosink=0.125)")
 
 
 def test_a_peaked_head_on_a_short_input_is_not_broad():
@@ -221,17 +267,17 @@ def test_a_peaked_head_on_a_short_input_is_not_broad():
     np.fill_diagonal(pattern, peak)
     scores = map_scores(pattern)
     # high entropy, so only the max-weight bound rejects it: 0.45 > 3 / 8
-    assert scores["entropy_norm"] >= 0.78 and scores["max_weight"] > 3 / n
+    assert scores["entropy_norm_nosink"] >= 0.78 and scores["max_weight_nosink"] > 3 / n
     assert RULES.get("broad")(scores, Thresholds()) is None
     assert classify_one(**scores)["label"] == "heterogeneous"
 
 
 def test_long_inputs_keep_clarks_ten_percent():
     n = 128  # 3 / 128 < 0.1: the bound is 0.1
-    assert classify_one(entropy_norm=0.9, max_weight=0.11, chance_weight=1 / n)["label"] \
-        == "heterogeneous"
-    assert classify_one(entropy_norm=0.9, max_weight=0.09, chance_weight=1 / n)["label"] \
-        == "broad"
+    assert classify_one(entropy_norm_nosink=0.9, max_weight_nosink=0.11,
+                        chance_weight_nosink=1 / n)["label"] == "heterogeneous"
+    assert classify_one(entropy_norm_nosink=0.9, max_weight_nosink=0.09,
+                        chance_weight_nosink=1 / n)["label"] == "broad"
 
 
 def test_analytic_identity_and_sub_diagonal_maps():
@@ -242,7 +288,7 @@ def test_analytic_identity_and_sub_diagonal_maps():
     sub = np.eye(n, k=-1)
     sub[0, 0] = 1.0
     scores = map_scores(sub)
-    assert scores["prev"] == pytest.approx((n - 1) / n)
+    assert scores["prev_nosink"] == pytest.approx((n - 1) / n)
     assert classify_scores(pd.DataFrame([head(**scores)]))["label"].item() == "previous"
     # one-hot rows that go nowhere in particular are collapsed
     scattered = np.eye(n)[[3, 0, 6, 1, 7, 2, 5, 4]]
@@ -252,12 +298,15 @@ def test_analytic_identity_and_sub_diagonal_maps():
 # ---- output table ----------------------------------------------------------------------------
 
 def test_output_columns_and_scores_are_unchanged():
-    table = pd.DataFrame([head(1, 0, prev=0.9, syntax_relation="amod", pos_offset=-1),
-                          head(0, 1, entropy=2.0, prev=NAN, syntax_relation=None, pos_offset=2)],
+    table = pd.DataFrame([head(1, 0, prev_nosink=0.9, syntax_relation="amod", pos_offset=-1),
+                          head(0, 1, entropy=2.0, prev_nosink=NAN, syntax_relation=None,
+                               pos_offset=2)],
                          index=[10, 20])
     out = classify_scores(table)
-    score_cols = ["prev", "syntax_relation", "pos_offset", "entropy"]
-    assert list(out.columns) == [*INDEX_COLUMNS, "label", "evidence", "also", *score_cols]
+    score_cols = ["prev_nosink", "syntax_relation", "pos_offset", "entropy"]
+    assert list(out.columns) == [*INDEX_COLUMNS, "label", "family", "evidence", "also",
+                                 *score_cols]
+    assert list(out["family"]) == ["local", "heterogeneous"]
     assert list(out["head_id"]) == ["L1H0", "L0H1"]  # input order kept
     pd.testing.assert_frame_equal(out[score_cols], table[score_cols].reset_index(drop=True))
     pd.testing.assert_frame_equal(out[list(INDEX_COLUMNS)],
@@ -265,10 +314,10 @@ def test_output_columns_and_scores_are_unchanged():
 
 
 def test_reclassifying_an_output_replaces_its_labels():
-    first = classify_scores(pd.DataFrame([head(prev=0.6)]))
+    first = classify_scores(pd.DataFrame([head(prev_nosink=0.6)]))
     again = classify_scores(first, Thresholds(positional_mass=0.7))
     assert list(again.columns) == list(first.columns)
-    assert again["label"].item() == "heterogeneous"
+    assert (again["label"].item(), again["family"].item()) == ("heterogeneous", "heterogeneous")
 
 
 # ---- bad input -------------------------------------------------------------------------------
@@ -284,6 +333,8 @@ def test_bad_tables_raise_input_errors():
         classify_scores(pd.DataFrame([head(0, 1, prev=0.1), head(0, 1, prev=0.2)]))
     with pytest.raises(InputError, match="'prev' is not numeric"):
         classify_scores(pd.DataFrame([head(prev="high")]))
+    with pytest.raises(InputError, match="'sink' is not numeric"):
+        classify_scores(pd.DataFrame([head(sink="most")]))
     with pytest.raises(InputError, match="DataFrame"):
         classify_scores([head(prev=0.9)])
 
@@ -303,7 +354,7 @@ def test_thresholds_must_be_finite_numbers(value):
 
 def test_thresholds_accept_numpy_numbers():
     t = Thresholds(syntax_count=np.int64(10), sink=np.float64(0.5))
-    assert classify_one(t, sep=0.55)["label"] == "sink"
+    assert classify_one(t, sink=0.55)["label"] == "sink"
 
 
 def test_thresholds_argument_must_be_a_thresholds():
@@ -317,14 +368,18 @@ def profile_input():
     rows = [
         # layer 0: two previous-token heads and one broad head
         head(0, 0, prev=0.8, self=0.1, next=0.0, entropy=1.0, entropy_norm=0.3,
-             max_weight=0.8, distance=1.0, first=0.1, special=0.1, syntax_accuracy=0.2),
+             max_weight=0.8, distance=1.0, first=0.1, special=0.1, syntax_accuracy=0.2,
+             prev_nosink=0.85, sink=0.1),
         head(0, 1, prev=0.6, self=0.2, next=0.1, entropy=1.5, entropy_norm=0.4,
-             max_weight=0.6, distance=1.5, first=0.0, special=0.05, syntax_accuracy=NAN),
+             max_weight=0.6, distance=1.5, first=0.0, special=0.05, syntax_accuracy=NAN,
+             prev_nosink=0.6, sink=0.0),
         head(0, 2, prev=0.05, self=0.05, next=0.05, entropy=4.0, entropy_norm=0.9,
-             max_weight=0.05, distance=20.0, first=0.05, special=0.1, syntax_accuracy=0.4),
+             max_weight=0.05, distance=20.0, first=0.05, special=0.1, syntax_accuracy=0.4,
+             entropy_norm_nosink=0.9, max_weight_nosink=0.05, sink=0.05),
         # layer 1: one sink head
         head(1, 0, prev=0.0, self=0.0, next=0.0, entropy=0.5, entropy_norm=0.1,
-             max_weight=0.9, distance=5.0, first=0.9, special=0.9, syntax_accuracy=0.1),
+             max_weight=0.9, distance=5.0, first=0.9, special=0.9, syntax_accuracy=0.1,
+             sink=0.9),
     ]
     return classify_scores(pd.DataFrame(rows))
 
@@ -340,6 +395,12 @@ def test_layer_profile_shares_sum_to_one_and_means_are_per_layer():
     assert layer0["share_previous"] == pytest.approx(2 / 3)
     assert layer0["share_broad"] == pytest.approx(1 / 3)
     assert layer0["share_sink"] == 0.0 and layer1["share_sink"] == 1.0
+    families = profile[[f"family_{name}" for name in RULES.families()]]
+    assert families.sum(axis=1).tolist() == pytest.approx([1.0, 1.0])
+    assert layer0["family_local"] == pytest.approx(2 / 3)
+    assert layer0["family_uniform_collapse"] == pytest.approx(1 / 3)
+    assert layer1["family_sink"] == 1.0 and layer1["family_local"] == 0.0
+    assert layer0["sink"] == pytest.approx((0.1 + 0.0 + 0.05) / 3)
     assert layer0["entropy"] == pytest.approx((1.0 + 1.5 + 4.0) / 3)
     assert layer0["entropy_norm"] == pytest.approx((0.3 + 0.4 + 0.9) / 3)
     assert layer0["max_weight"] == pytest.approx((0.8 + 0.6 + 0.05) / 3)
@@ -356,16 +417,18 @@ def test_layer_profile_columns():
     profile = layer_profile(profile_input())
     assert list(profile.columns) == [
         "stack", "kind", "layer", "n_heads", *(f"share_{label}" for label in PRECEDENCE),
+        *(f"family_{name}" for name in RULES.families()),
         "entropy", "entropy_norm", "max_weight", "distance", "first", "special", "local",
-        "syntax_accuracy"]
+        "sink", "syntax_accuracy"]
 
 
 def test_layer_profile_keeps_stacks_apart_and_reports_absent_means_as_nan():
-    table = pd.DataFrame([head(0, 0, stack="encoder", prev=0.9),
-                          head(0, 0, stack="decoder", sep=0.9)])
+    table = pd.DataFrame([head(0, 0, stack="encoder", prev_nosink=0.9),
+                          head(0, 0, stack="decoder", sink=0.9)])
     profile = layer_profile(classify_scores(table))
     assert list(profile["stack"]) == ["decoder", "encoder"]
     assert list(profile["share_sink"]) == [1.0, 0.0]
+    assert list(profile["family_local"]) == [0.0, 1.0]
     assert profile["entropy"].isna().all() and profile["local"].isna().all()
 
 
@@ -379,7 +442,7 @@ def test_layer_profile_bad_input():
         layer_profile(classified.assign(label="weird"))
 
 
-# ---- a rule is one registry entry: label, test, rank, colour ---------------------------------
+# ---- a rule is one registry entry: label, test, rank, family, colour -------------------------
 
 def tilted(row, t):
     """A made-up label for the tests: fires on a 'tilt' score over 0.5."""
@@ -389,8 +452,9 @@ def tilted(row, t):
 
 @pytest.fixture
 def tilted_rule():
-    """'tilted' registered between previous (rank 20) and next (rank 30), removed after."""
-    entry = RULES.add(LabelRule("tilted", tilted, rank=25, colour="#123456"))
+    """'tilted' registered between previous (rank 20) and next (rank 30), in a family of its
+    own, removed after."""
+    entry = RULES.add(LabelRule("tilted", tilted, rank=25, colour="#123456", family="tilts"))
     try:
         yield entry
     finally:
@@ -398,26 +462,39 @@ def tilted_rule():
 
 
 def test_builtin_ranks_give_the_documented_precedence():
-    assert PRECEDENCE == ("sink", "previous", "next", "self", "offset", "collapsed",
-                          "vertical+diagonal", "block", "induction", "duplicate", "broad",
-                          "syntactic", "heterogeneous")
+    assert PRECEDENCE == ("previous", "next", "self", "offset", "collapsed",
+                          "vertical+diagonal", "block", "induction", "retrieval", "duplicate",
+                          "broad", "syntactic", "sink", "heterogeneous")
     ranks = [RULES.get(label).rank for label in PRECEDENCE[:-1]]
     assert ranks == sorted(ranks)
     colours = [RULES.colour(label) for label in PRECEDENCE]
     assert None not in colours and len(set(colours)) == len(colours)
 
 
+def test_every_label_has_its_documented_family():
+    assert {label: RULES.family(label) for label in PRECEDENCE} == FAMILY
+    assert RULES.families() == ("local", "entropy_collapse", "block", "copying",
+                                "uniform_collapse", "syntactic", "sink", "heterogeneous")
+    assert set(RULES.families()) == set(label_rules.FAMILIES)
+    assert RULES.labels_of("copying") == ("induction", "retrieval", "duplicate")
+    assert RULES.family("no such label") is None
+
+
 def test_a_registered_rule_takes_its_place_in_precedence_and_labels(tilted_rule):
-    assert labels.PRECEDENCE[:4] == ("sink", "previous", "tilted", "next")
+    assert labels.PRECEDENCE[:3] == ("previous", "tilted", "next")
     assert RULES.colour("tilted") == "#123456"
-    table = pd.DataFrame([head(0, 0, tilt=0.9), head(0, 1, tilt=0.9, prev=0.8),
-                          head(0, 2, tilt=0.9, next=0.8), head(0, 3, tilt=0.1, next=0.8)])
+    assert RULES.families()[:2] == ("local", "tilts")
+    table = pd.DataFrame([head(0, 0, tilt=0.9), head(0, 1, tilt=0.9, prev_nosink=0.8),
+                          head(0, 2, tilt=0.9, next_nosink=0.8),
+                          head(0, 3, tilt=0.1, next_nosink=0.8)])
     out = classify_scores(table)
     assert list(out["label"]) == ["tilted", "previous", "tilted", "next"]
+    assert list(out["family"]) == ["tilts", "local", "tilts", "local"]
     assert list(out["also"]) == ["", "tilted", "next", ""]
     assert out["evidence"][0] == "tilt=0.9 > 0.5"
     profile = layer_profile(out)
     assert profile["share_tilted"].item() == pytest.approx(2 / 4)
+    assert profile["family_tilts"].item() == pytest.approx(2 / 4)
     shares = profile[[f"share_{label}" for label in labels.PRECEDENCE]]
     assert shares.sum(axis=1).item() == pytest.approx(1.0)
 
@@ -432,9 +509,9 @@ def test_removing_a_rule_restores_the_precedence(tilted_rule):
 
 
 @pytest.mark.parametrize(("entry", "message"), [
-    (LabelRule("previous", tilted, rank=25), "already registered"),
-    (LabelRule("heterogeneous", tilted, rank=25), "the fallback"),
-    (LabelRule("tilted", tilted, rank=20), "rank 20 is taken by 'previous'"),
+    (LabelRule("previous", tilted, rank=25, family="local"), "already registered"),
+    (LabelRule("heterogeneous", tilted, rank=25, family="local"), "the fallback"),
+    (LabelRule("tilted", tilted, rank=20, family="local"), "rank 20 is taken by 'previous'"),
 ])
 def test_a_rule_that_would_be_ambiguous_is_refused(entry, message):
     with pytest.raises(InputError, match=message):
@@ -449,15 +526,24 @@ def test_a_rule_that_would_be_ambiguous_is_refused(entry, message):
     ({"rank": True}, "rank must be a finite number"),
     ({"colour": "red"}, "colour must be '#rrggbb'"),
     ({"colour": '#12345"'}, "colour must be '#rrggbb'"),
+    ({"family": ""}, "family must be a lower-case name"),
+    ({"family": "Local Heads"}, "family must be a lower-case name"),
+    ({"family": None}, "family must be a lower-case name"),
 ])
 def test_a_malformed_rule_is_refused(fields, message):
     with pytest.raises(InputError, match=message):
-        LabelRule(**{"label": "tilted", "test": tilted, "rank": 25, **fields})
+        LabelRule(**{"label": "tilted", "test": tilted, "rank": 25, "family": "local",
+                     **fields})
+
+
+def test_a_rule_must_name_its_family():
+    with pytest.raises(TypeError, match="family"):
+        LabelRule("tilted", tilted, rank=25)
 
 
 def test_register_needs_a_label_rule_of_that_name():
     with pytest.raises(InputError, match="LabelRule labelled 'tilted'"):
         RULES.register("tilted")(tilted)
     with pytest.raises(InputError, match="LabelRule labelled 'tilted'"):
-        RULES.register("tilted")(LabelRule("other", tilted, rank=25))
+        RULES.register("tilted")(LabelRule("other", tilted, rank=25, family="local"))
     assert "tilted" not in RULES and "other" not in RULES

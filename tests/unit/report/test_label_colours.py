@@ -1,5 +1,6 @@
-"""A label rule carries its colour: a rule registered at run time (here, in the test) is drawn
-in its colour in the head grid, the layer profile and the legend, with no report file touched."""
+"""A label rule carries its colour and family: a rule registered at run time (here, in the
+test) is drawn in its colour in the head grid, the layer profile and the legend, under its
+family, with no report file touched."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def register():
 
 def scores():
     return pd.DataFrame([{"stack": "encoder", "kind": "self", "layer": 0, "head": h,
-                          "head_id": f"L0H{h}", "tilt": tilt, "prev": prev}
+                          "head_id": f"L0H{h}", "tilt": tilt, "prev_nosink": prev}
                          for h, (tilt, prev) in enumerate([(0.9, 0.1), (0.1, 0.9), (0.9, 0.9)])])
 
 
@@ -47,16 +48,23 @@ def cells(grid):
                            r'fill="(#[0-9a-f]{6})"', grid))
 
 
+def legend(grid):
+    """The legend in order: ``(colour, text)`` for a label, ``(None, text)`` for a family."""
+    found = re.findall(r'(?:fill="(#[0-9a-f]{6})"/>)?<text[^>]*?( font-weight="bold")?>'
+                       r'([^<]*)</text>', grid)
+    return [(fill or None, text) for fill, bold, text in found if fill or bold]
+
+
 def test_a_new_rule_gets_its_colour_in_the_grid_profile_and_legend(register):
-    register(LabelRule("tilted", tilted, rank=15, colour="#123456"))  # between sink, previous
+    register(LabelRule("tilted", tilted, rank=15, colour="#123456", family="local"))  # first
     classified = classify_scores(scores())
     assert list(classified["label"]) == ["tilted", "previous", "tilted"]
     grid = svg.head_grid(classified)
     assert cells(grid) == {"L0H0": "#123456", "L0H1": RULES.colour("previous"),
                            "L0H2": "#123456"}
-    # legend in precedence order: the new label before "previous"
-    legend = re.findall(r'fill="(#[0-9a-f]{6})"/><text[^>]*>([^<]*)</text>', grid)
-    assert legend == [("#123456", "tilted"), (RULES.colour("previous"), "previous")]
+    # legend by family, then in precedence order: the new label before "previous"
+    assert legend(grid) == [(None, "local (3)"), ("#123456", "tilted (2)"),
+                            (RULES.colour("previous"), "previous (1)")]
     chart = svg.layer_profile_chart(layer_profile(classified))
     assert re.search(r'fill="#123456"><title>L0 tilted: 67% of 3 heads</title>', chart)
     page = build(census=classified, info=INFO).html
@@ -65,10 +73,15 @@ def test_a_new_rule_gets_its_colour_in_the_grid_profile_and_legend(register):
 
 
 def test_a_rule_without_a_colour_is_drawn_in_the_fallback_colour(register):
-    register(LabelRule("tilted", tilted, rank=15))
+    register(LabelRule("tilted", tilted, rank=15, family="tilts"))
     classified = classify_scores(scores())
-    assert cells(svg.head_grid(classified))["L0H0"] == svg.UNKNOWN_COLOUR
-    assert "sec-heads" in build(census=classified, info=INFO).html
+    grid = svg.head_grid(classified)
+    assert cells(grid)["L0H0"] == svg.UNKNOWN_COLOUR
+    # its family comes first: its first label ranks before every other
+    assert legend(grid) == [(None, "tilts (2)"), (svg.UNKNOWN_COLOUR, "tilted (2)"),
+                            (None, "local (1)"), (RULES.colour("previous"), "previous (1)")]
+    page = build(census=classified, info=INFO).html
+    assert "sec-heads" in page and "<td>tilts</td>" in page
 
 
 def test_a_label_no_rule_knows_is_drawn_last_in_the_fallback_colour():
@@ -77,9 +90,8 @@ def test_a_label_no_rule_knows_is_drawn_last_in_the_fallback_colour():
     classified.loc[0, "label"] = "from-elsewhere"
     grid = svg.head_grid(classified)
     assert cells(grid)["L0H0"] == svg.UNKNOWN_COLOUR
-    legend = [text for _, text in re.findall(r'fill="(#[0-9a-f]{6})"/><text[^>]*>([^<]*)</text>',
-                                             grid)]
-    assert legend == ["previous", "from-elsewhere"]
+    assert legend(grid) == [(None, "local (2)"), (RULES.colour("previous"), "previous (2)"),
+                            (None, "other (1)"), (svg.UNKNOWN_COLOUR, "from-elsewhere (1)")]
 
 
 def test_the_registry_is_clean_after_these_tests():
