@@ -98,6 +98,9 @@ class AttentionMap:
         scores: optional pre-softmax logits, same shape as ``pattern``.
         example_id: free label carried into tables.
         check_rows: verify every row sums to 1 (turn off for edited maps).
+        prompt_length: for a map captured during generation, how many leading query
+            tokens were given (the prompt); the query tokens after them were generated
+            (:attr:`generated`). ``None`` for a map of one forward.
     """
 
     pattern: torch.Tensor
@@ -111,6 +114,7 @@ class AttentionMap:
     scores: torch.Tensor | None = None
     example_id: str = ""
     check_rows: bool = True
+    prompt_length: int | None = None
 
     def __post_init__(self) -> None:
         pattern = self.pattern.detach().to("cpu", torch.float32)
@@ -144,6 +148,11 @@ class AttentionMap:
         for name, values in (("layers", self.layers), ("heads", self.heads)):
             if len(set(values)) != len(values) or any(v < 0 for v in values):
                 raise InputError(f"{name} must be distinct non-negative indices; got {values}")
+        prompt = self.prompt_length
+        if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)
+                                   or not 1 <= prompt <= len(self.query_tokens)):
+            raise InputError(f"prompt_length must be an int in 1..{len(self.query_tokens)} "
+                             f"(the query tokens); got {prompt!r}")
         if self.kind not in ("self", "cross"):
             raise InputError(f"kind must be 'self' or 'cross'; got {self.kind!r}")
         row_sums = p.sum(-1)  # any NaN or inf in a row shows in its sum
@@ -164,6 +173,12 @@ class AttentionMap:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return tuple(self.pattern.shape)  # type: ignore[return-value]
+
+    @property
+    def generated(self) -> tuple[bool, ...]:
+        """Per query token: whether it was generated (at or after ``prompt_length``)."""
+        start = len(self.query_tokens) if self.prompt_length is None else self.prompt_length
+        return tuple(i >= start for i in range(len(self.query_tokens)))
 
     def head(self, layer: int, head: int) -> torch.Tensor:
         """``[query, key]`` weights of one head, by model indices."""
@@ -219,6 +234,7 @@ class AttentionMap:
             "example_id": self.example_id,
             "check_rows": self.check_rows,
             "info": self.info.to_dict(),
+            **({} if self.prompt_length is None else {"prompt_length": self.prompt_length}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -330,7 +346,8 @@ def save_maps(maps: list[AttentionMap], path: str | Path) -> Path:
 SIDECAR_FIELDS = {"npz_sha256": str, "maps": list[Any]}  # older files have no npz_sha256
 MAP_FIELDS = {"format_version": int, "query_tokens": list[str], "key_tokens": list[str],
               "layers": list[int], "heads": list[int], "kind": str, "stack": str,
-              "example_id": str, "check_rows": bool, "info": Any}
+              "example_id": str, "check_rows": bool, "info": Any, "prompt_length": int}
+MAP_REQUIRED = [name for name in MAP_FIELDS if name != "prompt_length"]  # older files lack it
 
 
 def _read_sidecar(meta: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -349,7 +366,7 @@ def _read_sidecar(meta: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str
         if version != FORMAT_VERSION:  # first: a newer file may differ in every other field
             raise FileFormatError(f"{where}: unsupported format_version {version!r} (this "
                                   f"attnprobe reads {FORMAT_VERSION})")
-        check_fields(entry, MAP_FIELDS, where)
+        check_fields(entry, MAP_FIELDS, where, required=MAP_REQUIRED)
         check_fields(entry["info"], info_fields, f"{where}: info", required=info_required)
     return spec["maps"], spec.get("npz_sha256")
 
@@ -363,7 +380,8 @@ def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | Non
             query_tokens=tuple(entry["query_tokens"]), key_tokens=tuple(entry["key_tokens"]),
             layers=tuple(entry["layers"]), heads=tuple(entry["heads"]), kind=entry["kind"],
             stack=entry["stack"], example_id=entry["example_id"],
-            check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]))
+            check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]),
+            prompt_length=entry.get("prompt_length"))
     except InputError as exc:
         raise FileFormatError(f"{where}: {exc}") from None
 

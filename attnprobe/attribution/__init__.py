@@ -2,15 +2,17 @@
 the agreement between them.
 
 Modules: ``targets`` (what is explained: a class, a logit, a similarity, a next token),
-``methods`` (gradient attributions and the entry point; ``method_base`` holds the
-:class:`Method` protocol and the :data:`METHODS` registry, ``perturbation_methods``
-leave-one-out and occlusion), ``views`` (importance read off the attention: raw rows, rollout,
-and the dispatch :func:`attention_importance`; ``view_base`` holds the :class:`View` base
-class and the :data:`VIEWS` registry, ``attention_flow`` flow, ``model_views`` attention ×
-gradient and norms, ``view_common`` the query spec and map helpers), ``metrics`` (rank and
-distribution agreement) and ``comparison`` (:func:`compare`: all of it over a corpus, as tidy
-tables). A new attribution method or attention view is one registered class.
-Captum and transformers are imported when a function needs them.
+``methods`` (the entry points :func:`attribute` / :func:`attribute_inputs`;
+``gradient_methods`` the gradient attributions, ``perturbation_methods`` leave-one-out and
+occlusion, ``method_base`` the :class:`Method` protocol and the :data:`METHODS` registry),
+``views`` (importance read off the attention: raw rows, rollout, and the dispatch
+:func:`attention_importance`; ``view_base`` holds the :class:`View` base class and the
+:data:`VIEWS` registry, ``attention_flow`` flow, ``model_views`` attention × gradient and
+norms, ``view_common`` the query spec — ``"auto"`` by model kind — and map helpers),
+``metrics`` (rank and distribution agreement) and ``comparison`` (:func:`compare`: all of it
+over a corpus, or over the tokens a causal LM generates, as tidy tables). A new attribution
+method or attention view is one registered class. Captum and transformers are imported when a
+function needs them.
 """
 
 from attnprobe.attribution.attention_flow import flow
@@ -23,6 +25,7 @@ from attnprobe.attribution.methods import (
     IntegratedGradients,
     Saliency,
     attribute,
+    attribute_inputs,
 )
 from attnprobe.attribution.metrics import (
     agreement,
@@ -42,7 +45,7 @@ __all__ = [
     "DEFAULT_METHODS", "DEFAULT_VIEWS", "METHODS", "TARGET_KINDS", "VIEWS", "Comparison",
     "GradientShap", "InputXGradient", "IntegratedGradients", "LeaveOneOut", "Occlusion",
     "Saliency", "Target", "View", "ViewInput", "agreement", "attention_importance",
-    "attention_x_gradient", "attribute", "compare", "flow", "jsd", "kendall_tau",
-    "map_importance", "norm_based", "norm_importance", "parse_target", "raw", "rollout",
-    "spearman", "topk_overlap", "truth_scores",
+    "attention_x_gradient", "attribute", "attribute_inputs", "compare", "flow", "jsd",
+    "kendall_tau", "map_importance", "norm_based", "norm_importance", "parse_target", "raw",
+    "rollout", "spearman", "topk_overlap", "truth_scores",
 ]

@@ -20,8 +20,10 @@ from attnprobe.attribution.view_common import (
     augmented,
     check_stack,
     layer_position,
+    map_causal,
     query_rows,
     read_query,
+    resolve_query,
 )
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap, TokenAttribution
@@ -68,7 +70,7 @@ def _flows(graph: Any, n: int, node_layer: int, row: int) -> np.ndarray:
     return values / values.sum()
 
 
-def flow(amap: AttentionMap, *, layer: int, query: Query = "cls") -> torch.Tensor:
+def flow(amap: AttentionMap, *, layer: int, query: Query = "auto") -> torch.Tensor:
     """Attention flow (Abnar & Zuidema 2020) from one position of ``layer`` to the input tokens.
 
     The graph has ``(L+1)·n`` nodes (the inputs, then every position after each layer); the
@@ -99,6 +101,7 @@ def flow(amap: AttentionMap, *, layer: int, query: Query = "cls") -> torch.Tenso
         raise InputError(f"attention flow is limited to {FLOW_MAX_TOKENS} tokens (one max-flow "
                          f"per token over an (L+1)·n-node graph); this map has {n}: use rollout")
     pos = layer_position(amap, layer)
+    query = resolve_query(query, map_causal(amap))
     rows = query_rows(query, n)
     aug = augmented(amap, residual=True, head_reduce="mean")[: pos + 1]
     graph = flow_graph(aug)

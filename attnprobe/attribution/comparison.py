@@ -6,12 +6,19 @@ Gradients, saliency, input × gradient, GradientSHAP, leave-one-out ...) for one
 target, then scores every (attention view, method) pair and every pair of methods with rank
 and distribution agreement metrics — and, when the decisive tokens are known, every source
 against that ground truth. Everything comes back as tidy tables.
+
+With ``generate=N`` (causal language models) each text is a prompt: it is continued by ``N``
+tokens (:mod:`attnprobe.capture.generation`), and every generated token is explained from its
+context — the prompt and the tokens generated before it — as inseq does: the methods
+attribute the logit of the token that was generated, the views read the row that generated
+it (the last row of the context, ``query="auto"``) off the one map of the generation (for
+causal attention the context's rows of that map are exactly the context's own map).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -19,12 +26,13 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.attribution.methods import attribute
+from attnprobe.attribution.methods import attribute, attribute_inputs
 from attnprobe.attribution.metrics import agreement, truth_scores
 from attnprobe.attribution.targets import parse_target
 from attnprobe.attribution.view_base import View, ViewInput
-from attnprobe.attribution.view_common import check_query
+from attnprobe.attribution.view_common import check_query, prefix_map
 from attnprobe.attribution.views import build_views, run_views
+from attnprobe.capture.generation import check_generation, generate_maps, generation_corpus
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
@@ -37,7 +45,7 @@ from attnprobe.core.distributed import run_sharded
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import special_tokens
 from attnprobe.errors import InputError
-from attnprobe.types import TokenAttribution
+from attnprobe.types import AttentionMap, TokenAttribution
 
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "leave_one_out")
 DEFAULT_VIEWS = ("raw", "rollout", "attn_x_grad", "norm")
@@ -45,6 +53,9 @@ DEFAULT_VIEWS = ("raw", "rollout", "attn_x_grad", "norm")
 AGREEMENT_COLUMNS = ("example_id", "source", "source_kind", "view", "layer", "method", "metric",
                      "value", "p_value")
 TRUTH_COLUMNS = ("example_id", "source", "source_kind", "view", "layer", "metric", "value")
+# Comparison.table with generate=N: one row per generated token (step 1..N, its position in
+# the sequence and the token) and source, method and metric.
+STEP_COLUMNS = ("example_id", "step", "position", "token", *AGREEMENT_COLUMNS[1:])
 SIGNIFICANCE = 0.05
 
 
@@ -61,17 +72,22 @@ class Comparison:
     Attributes:
         table: agreement per example, ``AGREEMENT_COLUMNS``: ``source`` is an attention view
             (``source_kind="attention"``, e.g. ``rollout@L3``) or a method
-            (``"attribution"``), ``method`` the attribution it is compared with.
+            (``"attribution"``), ``method`` the attribution it is compared with. With
+            ``generate``, per generated token: ``STEP_COLUMNS`` (``step`` 1..N, ``position``
+            in the sequence, ``token`` the generated token).
         truth_table: per example and source, scores against the known decisive tokens
             (``TRUTH_COLUMNS``; empty without ``truth``).
-        attributions: every importance vector that went into the tables.
+        attributions: every importance vector that went into the tables (with
+            ``generate``, ``example_id`` reads ``<example>:step<k>``).
         skipped: ids of texts left out as too long (``truncation="skip"``).
+        maps: with ``generate``, each text's map over prompt + generated tokens.
     """
 
     table: pd.DataFrame
     truth_table: pd.DataFrame
     attributions: list[TokenAttribution] = field(default_factory=list)
     skipped: tuple[str, ...] = ()
+    maps: list[AttentionMap] = field(default_factory=list)
 
     def summary(self) -> pd.DataFrame:
         """Mean ± std over examples, and the share with ``p <= 0.05`` (rank metrics), per
@@ -147,21 +163,14 @@ class _Job:
     top_k: int | None
     special: frozenset[str]
     options: dict[str, Any]
+    generate: int = 0  # tokens to generate and explain (0: explain the texts as they are)
+    sample: bool = False
 
 
-def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list]:
-    """Agreement rows, truth rows and every importance vector of one text."""
-    example, text, truth = item
-    found = attribute(job.model, job.tokenizer, [text], job.target, job.methods,
-                      **job.options)
-    # importance is the magnitude: a token that pushes the output down matters too
-    # (Jain & Wallace sum |gradient|; Abnar & Zuidema take |Σ_d ∂y/∂e|)
-    found = [TokenAttribution(a.scores.abs(), a.tokens, a.method, a.target, example, a.delta)
-             for a in found]
-    fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
-    seen = run_views(job.views, ViewInput(
-        text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
-        job.options["truncation"], job.options["max_length"])) if job.views else []
+def _agreement(job: _Job, example: str, found: list[TokenAttribution],
+               seen: list[TokenAttribution], truth: Any) -> tuple[list, list]:
+    """Agreement rows and truth rows of one example from its attributions (magnitudes) and
+    attention views, all over the same tokens."""
     tokens = found[0].tokens
     if any(v.tokens != tokens for v in seen):
         raise InputError(f"example {example}: the attention views and the attributions "
@@ -184,7 +193,59 @@ def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list]:
             view, layer = _split(source.method)
             for metric, value in truth_scores(source.scores[keep], mask[keep]).items():
                 truth_rows.append((example, source.method, kind, view, layer, metric, value))
-    return agreement_rows, truth_rows, [*found, *seen]
+    return agreement_rows, truth_rows
+
+
+def _magnitudes(found: list[TokenAttribution], example: str) -> list[TokenAttribution]:
+    # importance is the magnitude: a token that pushes the output down matters too
+    # (Jain & Wallace sum |gradient|; Abnar & Zuidema take |Σ_d ∂y/∂e|)
+    return [TokenAttribution(a.scores.abs(), a.tokens, a.method, a.target, example, a.delta)
+            for a in found]
+
+
+def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list, list]:
+    """Agreement rows, truth rows and every importance vector of one text (and no map)."""
+    example, text, truth = item
+    found = _magnitudes(attribute(job.model, job.tokenizer, [text], job.target, job.methods,
+                                  **job.options), example)
+    fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
+    seen = run_views(job.views, ViewInput(
+        text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
+        job.options["truncation"], job.options["max_length"])) if job.views else []
+    agreement_rows, truth_rows = _agreement(job, example, found, seen, truth)
+    return agreement_rows, truth_rows, [*found, *seen], []
+
+
+def _one_generation(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list, list]:
+    """Continue one text by ``job.generate`` tokens, then explain each generated token from
+    its context (the prompt and the tokens generated before it): agreement rows prefixed by
+    ``(step, position, token)``, every importance vector, and the generation's map."""
+    example, text, _ = item
+    options = job.options
+    gen = generate_maps(job.model, job.tokenizer, [text], job.generate, sample=job.sample,
+                        seed=options["seed"], truncation=options["truncation"],
+                        max_length=options["max_length"], distributed=False)[0]
+    amap = replace(gen.amap, example_id=example)
+    rows: list[tuple] = []
+    vectors: list[TokenAttribution] = []
+    methods = {k: v for k, v in options.items() if k not in ("truncation", "max_length")}
+    for step in range(1, job.generate + 1):
+        position = gen.prompt_length + step - 1  # of the generated token in the sequence
+        token_id = int(gen.ids[position])
+        context = {"input_ids": gen.ids[None, :position],
+                   "attention_mask": torch.ones(1, position, dtype=torch.long)}
+        name = f"{example}:step{step}"
+        target = parse_target(f"next-token:{token_id}", job.model, job.tokenizer)
+        found = _magnitudes(attribute_inputs(job.model, job.tokenizer, [context], target,
+                                             job.methods, example_ids=[name], **methods), name)
+        seen = run_views(job.views, ViewInput(
+            "", job.scope, job.query, target, name, job.model, job.tokenizer,
+            given_map=prefix_map(amap, position), inputs=context)) if job.views else []
+        agreement_rows, _ = _agreement(job, example, found, seen, None)
+        token = amap.query_tokens[position]
+        rows += [(r[0], step, position, token, *r[1:]) for r in agreement_rows]
+        vectors += [*found, *seen]
+    return rows, [], vectors, [amap]
 
 
 def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target: Any, *,
@@ -192,9 +253,10 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
             truncation: Truncation = "error", seed: int = 0, progress: bool = False,
             methods: Sequence[str] = DEFAULT_METHODS,
             views: Sequence[str | View] | str | View | None = DEFAULT_VIEWS,
-            query: str | int = "cls", truth: Sequence[Sequence[bool]] | None = None,
+            query: str | int = "auto", truth: Sequence[Sequence[bool]] | None = None,
             top_k: int | None = None, drop_special: bool = True, n_steps: int = 50,
-            max_length: int | None = None, distributed: bool | None = None) -> Comparison:
+            max_length: int | None = None, distributed: bool | None = None,
+            generate: int | None = None, sample: bool = False) -> Comparison:
     """Compare attention-derived importance with attribution methods, text by text.
 
     Args:
@@ -215,7 +277,9 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         views: attention views (names in :data:`attnprobe.attribution.views.VIEWS` or
             :class:`~attnprobe.attribution.view_base.View` objects; ``None``: every registered
             view; empty: compare the methods with each other only).
-        query: which row the views read (``"cls"``, ``"last"``, ``"mean"``, ``"max"``, int).
+        query: which row the views read: ``"auto"`` (the last real token of a causal model,
+            the first token of any other), ``"cls"``, ``"last"``, ``"mean"``, ``"max"``, or
+            an int row (:mod:`attnprobe.attribution.views`).
         truth: per text, which tokens decide the output (over all tokens, or over the
             non-special ones); adds precision@k, mass and AUROC per source.
         top_k: top-k size for the overlap metric (default 20 % of the compared tokens; at
@@ -226,6 +290,11 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         max_length: a tighter cap on tokens per text than the model's own.
         distributed: split the texts over the ranks of an initialised ``torch.distributed``
             group and gather the tables on every rank (default: when a group is initialised).
+        generate: continue each text by this many tokens (a causal language model; target
+            ``"next-token"``) and explain every generated token (module docstring); the
+            table then has ``STEP_COLUMNS``.
+        sample: with ``generate``, sample the tokens (seeded by ``seed``) instead of taking
+            the most likely one.
 
     Attribution scores are compared by magnitude (``|score|``, as Jain & Wallace and Abnar &
     Zuidema do); :attr:`Comparison.attributions` holds those magnitudes. For signed scores
@@ -237,8 +306,13 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     """
     check_positive_ints("compare", batch_size=batch_size, n_steps=n_steps, top_k=top_k)
     check_query(query)
-    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                            max_length=max_length)
+    if generate is not None:
+        check_generation_target(model, target, truth, generate)
+        corpus, _ = generation_corpus(model, tokenizer, texts, generate, truncation=truncation,
+                                      max_length=max_length)
+    else:
+        corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
+                                max_length=max_length)
     n_texts = len(corpus.ids) + len(corpus.skipped)
     if truth is not None and len(truth) != n_texts:
         raise InputError(f"truth has {len(truth)} entries for {n_texts} texts")
@@ -254,15 +328,30 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
                frozenset(special_tokens(tokenizer)) if drop_special else frozenset(),
                # the corpus already left the long texts out: a text left is cut or fits
                {"n_steps": n_steps, "batch_size": batch_size, "seed": seed,
-                "truncation": "cut" if mode == "cut" else "error", "max_length": max_length})
+                "truncation": "cut" if mode == "cut" else "error", "max_length": max_length},
+               generate=generate or 0, sample=bool(sample))
     items = [(example, text, None if truth is None else truth[int(example)])
              for example, text in zip(corpus.ids, corpus.texts, strict=True)]
-    parts = run_sharded(partial(_one_text, job), items, distributed=distributed,
+    one = _one_generation if generate else _one_text
+    parts = run_sharded(partial(one, job), items, distributed=distributed,
                         progress=progress, desc="compare", unit="text")
-    table = pd.DataFrame([r for part in parts for r in part[0]], columns=list(AGREEMENT_COLUMNS))
+    columns = STEP_COLUMNS if generate else AGREEMENT_COLUMNS
+    table = pd.DataFrame([r for part in parts for r in part[0]], columns=list(columns))
     truth_table = pd.DataFrame([r for part in parts for r in part[1]],
                                columns=list(TRUTH_COLUMNS))
     for frame in (table, truth_table):  # model layer index; <NA> for methods and attn_x_grad
         frame["layer"] = frame["layer"].astype("Int64")
     return Comparison(table, truth_table, [a for part in parts for a in part[2]],
-                      skipped=corpus.skipped)
+                      skipped=corpus.skipped, maps=[m for part in parts for m in part[3]])
+
+
+def check_generation_target(model: nn.Module, target: Any, truth: Any, generate: int) -> None:
+    """With ``generate``, what is explained is each generated token: refuse anything else
+    (and a model that cannot generate) before any forward."""
+    check_generation(model, generate)
+    spec = target.strip().lower() if isinstance(target, str) else None
+    if spec != "next-token":
+        raise InputError(f"generate explains each generated token: give target 'next-token' "
+                         f"(got {target if isinstance(target, str) else type(target).__name__!r})")
+    if truth is not None:
+        raise InputError("truth marks tokens of the texts; it cannot be combined with generate")

@@ -36,20 +36,28 @@ A new method is a frozen dataclass with a ``name``, a ``cost(n_tokens)`` (token-
 per text, for the budget check) and one verb, ``explain(problem) -> Explanation``, registered
 in :data:`METHODS`; :func:`attribute` builds it from the shared options it has fields for.
 Those shared pieces live in :mod:`attnprobe.attribution.method_base`, the perturbation methods
-in :mod:`attnprobe.attribution.perturbation_methods`; all are importable from here.
+in :mod:`attnprobe.attribution.perturbation_methods`, the gradient methods in
+:mod:`attnprobe.attribution.gradient_methods`; all are importable from here.
+:func:`attribute_inputs` explains already encoded inputs (e.g. the contexts of generated
+tokens, which must not be re-tokenised).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from attnprobe.attribution.gradient_methods import (
+    PASS_TOKENS,
+    GradientShap,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+)
 from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
@@ -75,144 +83,13 @@ __all__ = [
     "Problem",
     "Saliency",
     "attribute",
+    "attribute_inputs",
     "embedding_layer",
 ]
 
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap",
                    "leave_one_out")
-# Integrated Gradients with internal_batch_size=None puts this many tokens (steps x text
-# length) through the model per forward: all 50 steps of a 160-token text in one pass.
-PASS_TOKENS = 8192
 DEFAULT_BUDGET = 1_000_000
-
-
-# ---------------------------------------------------------------------------- gradients
-@METHODS.register("integrated_gradients")
-@dataclass(frozen=True)
-class IntegratedGradients:
-    """Captum ``LayerIntegratedGradients`` on the input embedding layer.
-
-    Args:
-        n_steps: points on the straight path from the baseline (Gauss-Legendre rule).
-        internal_batch_size: path points per forward; None: as many as fit in
-            :data:`PASS_TOKENS` tokens (all of them for short texts). Chunking does not
-            change the scores.
-    """
-
-    name: ClassVar[str] = "integrated_gradients"
-    knob: ClassVar[str | None] = "n_steps"
-    n_steps: int = 50
-    internal_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        check_positive_ints(self.name, n_steps=self.n_steps,
-                            internal_batch_size=self.internal_batch_size)
-
-    def cost(self, n_tokens: int) -> int:
-        return (self.n_steps + 2) * n_tokens  # path points + input and baseline for delta
-
-    def explain(self, problem: Problem) -> Explanation:
-        captum = require("captum.attr")
-        chunk = self.internal_batch_size or max(1, min(self.n_steps,
-                                                       PASS_TOKENS // problem.n_tokens))
-        ig = captum.LayerIntegratedGradients(problem.forward, problem.layer())
-        attributions, delta = ig.attribute(
-            problem.ids, baselines=problem.baseline_ids(),
-            additional_forward_args=(problem.inputs["attention_mask"],),
-            n_steps=self.n_steps, internal_batch_size=chunk, return_convergence_delta=True)
-        return Explanation(attributions.sum(-1)[0], float(delta.abs().max()))
-
-
-@dataclass(frozen=True)
-class _LayerGradient:
-    """∂target/∂(embedding output) for every token, one forward and backward."""
-
-    name: ClassVar[str] = "_layer_gradient"
-    knob: ClassVar[str | None] = None
-
-    def cost(self, n_tokens: int) -> int:
-        return n_tokens
-
-    def _attributions(self, problem: Problem, *, multiply: bool) -> torch.Tensor:
-        captum = require("captum.attr")
-        method = captum.LayerGradientXActivation(problem.forward, problem.layer(),
-                                                 multiply_by_inputs=multiply)
-        out = method.attribute(problem.ids,
-                               additional_forward_args=(problem.inputs["attention_mask"],))
-        return out[0]  # [seq, d]
-
-
-@METHODS.register("saliency")
-@dataclass(frozen=True)
-class Saliency(_LayerGradient):
-    """``‖∂f/∂e_i‖₂`` over the embedding dimension."""
-
-    name: ClassVar[str] = "saliency"
-
-    def explain(self, problem: Problem) -> Explanation:
-        return Explanation(self._attributions(problem, multiply=False).norm(dim=-1))
-
-
-@METHODS.register("input_x_gradient")
-@dataclass(frozen=True)
-class InputXGradient(_LayerGradient):
-    """``Σ_d e_i · ∂f/∂e_i`` (gradient × embedding)."""
-
-    name: ClassVar[str] = "input_x_gradient"
-
-    def explain(self, problem: Problem) -> Explanation:
-        return Explanation(self._attributions(problem, multiply=True).sum(-1))
-
-
-@contextlib.contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """Seed torch and numpy (Captum draws from both) and restore both afterwards."""
-    state = np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        np.random.seed(seed)
-        try:
-            yield
-        finally:
-            np.random.set_state(state)
-
-
-@METHODS.register("gradient_shap")
-@dataclass(frozen=True)
-class GradientShap:
-    """Captum ``GradientShap`` on the embedding output (replaced through a hook).
-
-    Args:
-        n_samples: random (baseline, point on the path) draws, averaged.
-        stdevs: Gaussian noise added to the input embedding of each draw.
-        seed: seeds torch and numpy for the draws (the global states are restored).
-    """
-
-    name: ClassVar[str] = "gradient_shap"
-    knob: ClassVar[str | None] = "n_samples"
-    n_samples: int = 20
-    stdevs: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive_ints(self.name, n_samples=self.n_samples)
-
-    def cost(self, n_tokens: int) -> int:
-        return (self.n_samples + 2) * n_tokens
-
-    def explain(self, problem: Problem) -> Explanation:
-        captum = require("captum.attr")
-        embeds = problem.embedded(problem.ids)  # [1, seq, d]
-        pad = problem.embedded(problem.baseline_ids())
-        keep = problem.special.view(1, -1, 1)
-        zeros = torch.where(keep, embeds, torch.zeros_like(embeds))
-        baselines = torch.cat([pad, zeros])  # [2, seq, d]
-        shap = captum.GradientShap(problem.forward_from_embeddings)
-        with _seeded(self.seed):
-            out = shap.attribute(embeds, baselines=baselines, n_samples=self.n_samples,
-                                 stdevs=self.stdevs,
-                                 additional_forward_args=(problem.inputs["attention_mask"],))
-        return Explanation(out.sum(-1)[0])
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -320,6 +197,88 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
         >>> out[0].to_frame()
     """
     texts = check_texts(texts)
+    # everything that can be refused is refused before the texts are encoded
+    built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
+                     batch_size=batch_size, seed=seed, budget=budget)
+    target = parse_target(target, model, tokenizer)
+    encoded = [encode(model, tokenizer, [text], max_length=max_length, truncation=truncation)
+               for text in texts]
+    return attribute_inputs(model, tokenizer, encoded, target, built, n_steps=n_steps,
+                            internal_batch_size=internal_batch_size, batch_size=batch_size,
+                            seed=seed, embedding=embedding, budget=budget, progress=progress)
+
+
+def attribute_inputs(model: nn.Module, tokenizer: Any,
+                     inputs: Sequence[Mapping[str, torch.Tensor]],
+                     target: str | Target | Callable[..., torch.Tensor],
+                     methods: Sequence[str | Method] = DEFAULT_METHODS, *,
+                     example_ids: Sequence[str] | None = None, n_steps: int = 50,
+                     internal_batch_size: int | None = None, batch_size: int = 8,
+                     seed: int = 0, embedding: nn.Module | str | None = None,
+                     budget: int = DEFAULT_BUDGET,
+                     progress: bool = False) -> list[TokenAttribution]:
+    """:func:`attribute` on inputs that are already encoded, one example each.
+
+    Args:
+        inputs: per example ``{"input_ids": [1, seq], "attention_mask": [1, seq]}`` (no
+            padding; the mask may be left out).
+        example_ids: ``example_id`` of each result (default the position in ``inputs``).
+        The rest as :func:`attribute`.
+    """
+    built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
+                     batch_size=batch_size, seed=seed, budget=budget)
+    target = parse_target(target, model, tokenizer)
+    layer = embedding_layer(model, embedding)
+    specials = special_ids(tokenizer)
+    pad_id = _token_id(tokenizer, "pad_token_id", "unk_token_id")
+    unk_id = _token_id(tokenizer, "unk_token_id")
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    encoded = [_one_input(batch, i) for i, batch in enumerate(inputs)]
+    if not encoded:
+        raise InputError("no input to attribute")
+    ids = [str(i) for i in range(len(encoded))] if example_ids is None else list(example_ids)
+    if len(ids) != len(encoded):
+        raise InputError(f"{len(ids)} example ids for {len(encoded)} inputs")
+    for i, batch in enumerate(encoded):
+        n = int(batch["input_ids"].shape[1])
+        for method in built:
+            cost = method.cost(n)
+            if cost > budget:
+                lower = f"lower {method.knob}, " if method.knob else ""
+                raise InputError(
+                    f"{method.name} would run {cost:,} token-forwards on text {ids[i]} ({n} "
+                    f"tokens), over budget={budget:,}: {lower}shorten the text (max_length=, "
+                    "truncation='cut') or raise budget")
+
+    indices: Sequence[int] | Any = range(len(encoded))
+    if progress:
+        indices = require("tqdm").tqdm(indices, desc="attribute", unit="text")
+    results: list[TokenAttribution] = []
+    with torch.enable_grad():
+        for i in indices:
+            batch = {k: v.to(device) for k, v in encoded[i].items()}
+            with torch.no_grad():
+                output = model(**batch)
+            fixed = target.fixed(output, batch)
+            value = float(fixed(output, batch)[0])
+            row = batch["input_ids"][0]
+            special = torch.tensor([int(t) in specials for t in row.tolist()],
+                                   dtype=torch.bool, device=device)
+            problem = Problem(model, batch, fixed, value, special, pad_id, unk_id, layer,
+                              seed=seed, batch_size=batch_size)
+            tokens = tokenizer.convert_ids_to_tokens(row.tolist())
+            for method in built:
+                scores, delta = method.explain(problem)
+                results.append(TokenAttribution(scores.detach(), tuple(tokens), method.name,
+                                                fixed.spec, ids[i], delta))
+    return results
+
+
+def _methods(model: nn.Module, methods: Sequence[str | Method] | str, *, n_steps: int,
+             internal_batch_size: int | None, batch_size: int, seed: int,
+             budget: int) -> list[Method]:
+    """The method objects, after the checks every attribution makes before any forward."""
     _check_ready(model)
     check_positive_ints("attribute", n_steps=n_steps, internal_batch_size=internal_batch_size,
                         batch_size=batch_size, budget=budget)
@@ -330,47 +289,19 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
                          + ", ".join(METHODS.names()))
     options = {"n_steps": n_steps, "internal_batch_size": internal_batch_size,
                "batch_size": batch_size, "seed": seed}
-    built = [_build(m, options) for m in methods]
-    target = parse_target(target, model, tokenizer)
-    layer = embedding_layer(model, embedding)
-    specials = special_ids(tokenizer)
-    pad_id = _token_id(tokenizer, "pad_token_id", "unk_token_id")
-    unk_id = _token_id(tokenizer, "unk_token_id")
-    first = next(model.parameters(), None)
-    device = first.device if first is not None else torch.device("cpu")
+    return [_build(m, options) for m in methods]
 
-    encoded = [encode(model, tokenizer, [text], max_length=max_length, truncation=truncation)
-               for text in texts]
-    for i, batch in enumerate(encoded):
-        n = int(batch["input_ids"].shape[1])
-        for method in built:
-            cost = method.cost(n)
-            if cost > budget:
-                lower = f"lower {method.knob}, " if method.knob else ""
-                raise InputError(
-                    f"{method.name} would run {cost:,} token-forwards on text {i} ({n} tokens),"
-                    f" over budget={budget:,}: {lower}shorten the text (max_length=, "
-                    "truncation='cut') or raise budget")
 
-    indices: Sequence[int] | Any = range(len(texts))
-    if progress:
-        indices = require("tqdm").tqdm(indices, desc="attribute", unit="text")
-    results: list[TokenAttribution] = []
-    with torch.enable_grad():
-        for i in indices:
-            inputs = {k: v.to(device) for k, v in encoded[i].items()}
-            with torch.no_grad():
-                output = model(**inputs)
-            fixed = target.fixed(output, inputs)
-            value = float(fixed(output, inputs)[0])
-            ids = inputs["input_ids"][0]
-            special = torch.tensor([int(t) in specials for t in ids.tolist()],
-                                   dtype=torch.bool, device=device)
-            problem = Problem(model, inputs, fixed, value, special, pad_id, unk_id, layer,
-                              seed=seed, batch_size=batch_size)
-            tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
-            for method in built:
-                scores, delta = method.explain(problem)
-                results.append(TokenAttribution(scores.detach(), tuple(tokens), method.name,
-                                                fixed.spec, str(i), delta))
-    return results
+def _one_input(batch: Mapping[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` ``[1, seq]`` of one encoded example (checked)."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] != 1 \
+            or ids.shape[1] < 1:
+        raise InputError(f"input {i} must hold input_ids of shape [1, seq]")
+    mask = batch.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape or not bool(mask.all()):
+        raise InputError(f"input {i}: attention_mask must be all ones of the ids' shape "
+                         "(one example, no padding)")
+    return {"input_ids": ids, "attention_mask": mask}

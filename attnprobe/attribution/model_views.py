@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
-from attnprobe.attribution.view_common import Query, Target, one_text, read_query
+from attnprobe.attribution.view_common import Query, Target, one_text, read_query, resolve_query
 from attnprobe.capture import capture
+from attnprobe.capture.info import causal_of
 from attnprobe.capture.sites import Site
 from attnprobe.capture.text import Truncation, encode, model_inputs
 from attnprobe.errors import InputError
@@ -69,19 +70,31 @@ def _require_grad_on_embeddings(model: nn.Module, stack: ExitStack) -> None:
     stack.callback(embeddings.register_forward_hook(hook).remove)
 
 
+def _batch(model: nn.Module, tokenizer: Any, text: str, truncation: Truncation,
+           max_length: int | None, inputs: dict[str, torch.Tensor] | None
+           ) -> dict[str, torch.Tensor]:
+    """The encoded text (or the given ``inputs``) on the model's device, ``[1, seq]``."""
+    if inputs is None:
+        inputs = encode(model, tokenizer, one_text(text), truncation=truncation,
+                        max_length=max_length)
+    return model_inputs(model, dict(inputs))
+
+
 def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
-                       truncation: Truncation = "error", max_length: int | None = None
+                       truncation: Truncation = "error", max_length: int | None = None,
+                       inputs: dict[str, torch.Tensor] | None = None
                        ) -> tuple[torch.Tensor, tuple[str, ...]]:
-    """Chefer's relevance matrix ``R`` ``[query, key]`` (float64) and the tokens."""
-    texts = one_text(text)
+    """Chefer's relevance matrix ``R`` ``[query, key]`` (float64) and the tokens; ``inputs``
+    (``[1, seq]`` ids and mask) replace the text when given."""
+    if inputs is None:
+        one_text(text)
     if not callable(target):
         raise InputError(f"target must be callable (output, inputs) -> Tensor[batch]; got "
                          f"{type(target).__name__}")
     if torch.is_inference_mode_enabled():
         raise InputError("attention × gradient needs gradients; call it outside "
                          "torch.inference_mode()")
-    batch = encode(model, tokenizer, texts, truncation=truncation, max_length=max_length)
-    inputs = model_inputs(model, batch)
+    inputs = _batch(model, tokenizer, text, truncation, max_length, inputs)
     with torch.enable_grad():
         with ExitStack() as stack:
             _require_grad_on_embeddings(model, stack)
@@ -119,14 +132,14 @@ def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Targ
     if not torch.isfinite(relevance).all():
         raise InputError(f"attention × gradient for target {target_name(target)!r} is not "
                          "finite (NaN or inf gradients)")
-    ids = batch["input_ids"][0].tolist()
+    ids = inputs["input_ids"][0].tolist()
     tokens = tuple(tokenizer.convert_ids_to_tokens(ids)) \
         if hasattr(tokenizer, "convert_ids_to_tokens") else tuple(str(i) for i in ids)
     return relevance, tokens
 
 
 def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
-                         query: Query = "cls", truncation: Truncation = "error",
+                         query: Query = "auto", truncation: Truncation = "error",
                          max_length: int | None = None) -> torch.Tensor:
     """Gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, generic rule).
 
@@ -140,7 +153,8 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
         text: one input text.
         target: ``(output, inputs) -> Tensor[batch]``, the value explained (e.g. a class logit);
             its ``.spec`` (if any) names it.
-        query: which row of ``R`` to read.
+        query: which row of ``R`` to read (``"auto"``: the last token of a causal model,
+            the first of any other).
         truncation, max_length: for a text longer than the model allows
             (:mod:`attnprobe.capture.text`).
 
@@ -152,7 +166,7 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
     """
     relevance, _ = attn_x_grad_matrix(model, tokenizer, text, target, truncation=truncation,
                                       max_length=max_length)
-    return read_query(relevance, query)
+    return read_query(relevance, resolve_query(query, causal_of(model)))
 
 
 def check_norm_family(model: nn.Module) -> None:
@@ -185,14 +199,14 @@ def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
 
 
 def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int], *,
-               truncation: Truncation = "error", max_length: int | None = None
+               truncation: Truncation = "error", max_length: int | None = None,
+               inputs: dict[str, torch.Tensor] | None = None
                ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], tuple[str, ...]]:
     """Per layer: weights ``α`` ``[head, query, key]`` and ``f(x_j)`` ``[head, key, d_model]``
-    (float64, CPU), and the tokens. One forward for all layers."""
-    texts = one_text(text)
+    (float64, CPU), and the tokens. One forward for all layers; ``inputs`` (``[1, seq]``)
+    replace the text when given."""
     layers = list(layers)
-    batch = encode(model, tokenizer, texts, truncation=truncation, max_length=max_length)
-    inputs = model_inputs(model, batch)
+    inputs = _batch(model, tokenizer, text, truncation, max_length, inputs)
     with torch.no_grad(), capture(model, layers=layers, values=True,
                                   tokenizer=tokenizer) as cap:
         model(**inputs)
@@ -260,7 +274,7 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
 
 
 def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
-                    head: int | Sequence[int] | None = None, query: Query = "cls",
+                    head: int | Sequence[int] | None = None, query: Query = "auto",
                     truncation: Truncation = "error", max_length: int | None = None
                     ) -> torch.Tensor:
     """One query row of :func:`norm_based`, averaged over ``head`` (one model head index or
@@ -271,7 +285,7 @@ def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
     """
     norms = norm_based(model, tokenizer, text, layer=layer, truncation=truncation,
                        max_length=max_length)
-    return read_query(norm_heads(norms, head), query)
+    return read_query(norm_heads(norms, head), resolve_query(query, causal_of(model)))
 
 
 # ----------------------------------------------------------------------------- the views
@@ -286,7 +300,7 @@ class AttnXGradView(View):
     def importance(self, inp: ViewInput) -> list[TokenAttribution]:
         relevance, tokens = attn_x_grad_matrix(inp.model, inp.tokenizer, inp.text, inp.target,
                                                truncation=inp.truncation,
-                                               max_length=inp.max_length)
+                                               max_length=inp.max_length, inputs=inp.inputs)
         return [inp.result(read_query(relevance, inp.query), tokens, self.name,
                            target_name(inp.target))]
 
@@ -304,7 +318,8 @@ class NormView(View):
     def importance(self, inp: ViewInput) -> list[TokenAttribution]:
         layers = inp.layers
         parts, tokens = norm_parts(inp.model, inp.tokenizer, inp.text, layers,
-                                   truncation=inp.truncation, max_length=inp.max_length)
+                                   truncation=inp.truncation, max_length=inp.max_length,
+                                   inputs=inp.inputs)
         results = []
         for layer in layers:
             alpha, f = parts[layer]

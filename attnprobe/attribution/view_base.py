@@ -29,9 +29,18 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from attnprobe.attribution.view_common import Query, Target, layer_position
+from attnprobe.attribution.view_common import (
+    Query,
+    Target,
+    layer_position,
+    map_causal,
+    one_text,
+    resolve_query,
+)
+from attnprobe.capture.context import capture
 from attnprobe.capture.corpus import extract
-from attnprobe.capture.text import Truncation
+from attnprobe.capture.info import causal_of
+from attnprobe.capture.text import Truncation, encode, model_inputs
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
@@ -50,16 +59,21 @@ class ViewInput:
     :attr:`max_length`, so it sees the same tokens.
 
     Attributes:
-        text: the input text (empty when the view input was built from a map).
+        text: the input text (empty when the view input was built from a map, or from
+            ``inputs``).
         scope: the layers reported and, for ``raw`` and ``norm``, the heads averaged.
-        query: which row the views read (:mod:`attnprobe.attribution.views`).
+        query: which row the views read (:mod:`attnprobe.attribution.views`); ``"auto"`` is
+            resolved on construction, from the model's kind (or the map's).
         target: ``(output, inputs) -> Tensor[batch]`` for the views that need one.
         example_id: carried into the results.
+        inputs: the text already encoded, ``input_ids`` / ``attention_mask`` ``[1, seq]``
+            (e.g. the context of a generated token, which must not be re-tokenised); used
+            instead of ``text`` by the views that run the model.
     """
 
     text: str
     scope: Scope
-    query: Query = "cls"
+    query: Query = "auto"
     target: Target | None = None
     example_id: str = ""
     model: nn.Module | None = None
@@ -67,6 +81,23 @@ class ViewInput:
     truncation: Truncation = "error"
     max_length: int | None = None
     given_map: AttentionMap | None = field(default=None, repr=False)
+    inputs: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.query, str) and self.query == "auto":
+            causal = causal_of(self.model) if self.model is not None else None
+            if causal is None and (self.model is not None or self.given_map is not None):
+                causal = map_causal(self.amap)
+            self.query = resolve_query(self.query, causal)
+
+    def encoded(self) -> dict[str, torch.Tensor]:
+        """The model's inputs for this text (``[1, seq]``), encoded as every view encodes it."""
+        if self.inputs is not None:
+            return model_inputs(self.model, dict(self.inputs))
+        one_text(self.text)
+        batch = encode(self.model, self.tokenizer, [self.text], truncation=self.truncation,
+                       max_length=self.max_length)
+        return model_inputs(self.model, batch)
 
     @cached_property
     def amap(self) -> AttentionMap:
@@ -76,10 +107,15 @@ class ViewInput:
             return self.given_map
         if self.model is None:
             raise InputError("this view input has neither a map nor a model")
-        # distributed=False: compare already shares texts over the ranks; this is one text
-        maps = [m for m in extract(self.model, self.tokenizer, [self.text],
-                                   truncation=self.truncation, max_length=self.max_length,
-                                   distributed=False) if m.kind == "self"]
+        if self.inputs is not None:
+            with torch.no_grad(), capture(self.model, tokenizer=self.tokenizer,
+                                          example_ids=[self.example_id]) as cap:
+                self.model(**self.encoded())
+            maps = [m for m in cap.maps if m.kind == "self"]
+        else:  # distributed=False: compare already shares texts over the ranks
+            maps = [m for m in extract(self.model, self.tokenizer, [self.text],
+                                       truncation=self.truncation, max_length=self.max_length,
+                                       distributed=False) if m.kind == "self"]
         if not maps:
             raise InputError("the model has no self-attention map to read")
         return maps[0]

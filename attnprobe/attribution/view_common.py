@@ -7,6 +7,7 @@ Which query row is read (``query``) is described in :mod:`attnprobe.attribution.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -16,11 +17,11 @@ from attnprobe.capture.text import check_texts
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
 
-Query = Literal["cls", "first", "last", "mean", "max"] | int
+Query = Literal["auto", "cls", "first", "last", "mean", "max"] | int
 HeadReduce = Literal["mean", "max", "min"]
 Target = Callable[[Any, dict], torch.Tensor]
 
-QUERIES = ("cls", "first", "last", "mean", "max")
+QUERIES = ("auto", "cls", "first", "last", "mean", "max")
 HEAD_REDUCES = ("mean", "max", "min")
 
 
@@ -41,10 +42,34 @@ def check_query(query: Query) -> None:
     raise InputError(f"query must be one of {list(QUERIES)} or an int row; got {query!r}")
 
 
+def resolve_query(query: Query, causal: bool | None) -> Query:
+    """``"auto"`` as the row a model of this kind is read at: ``"last"`` (the last real
+    token, which sees the whole text) for causal models, ``"cls"`` (the first token) for
+    bidirectional or unknown ones; any other spec as it is."""
+    check_query(query)
+    if isinstance(query, str) and query == "auto":
+        return "last" if causal else "cls"
+    return query
+
+
+def map_causal(amap: AttentionMap) -> bool | None:
+    """Whether ``amap`` comes from causal attention: its model's flag, else whether no row of
+    a square self-attention map puts weight on a later key."""
+    if amap.info.causal is not None:
+        return amap.info.causal
+    if amap.kind != "self" or amap.shape[2] != amap.shape[3]:
+        return None
+    later = torch.ones(amap.shape[2], amap.shape[3], dtype=torch.bool).triu(1)
+    return not bool(amap.pattern[..., later].any())
+
+
 def read_query(matrix: torch.Tensor, query: Query) -> torch.Tensor:
     """One ``[key]`` vector from a ``[query, key]`` matrix (see the views module
-    docstring)."""
+    docstring); ``"auto"`` must have been resolved (:func:`resolve_query`)."""
     n = matrix.shape[0]
+    if isinstance(query, str) and query == "auto":
+        raise InputError("query 'auto' depends on the model: resolve it first "
+                         "(resolve_query(query, causal))")
     if isinstance(query, str):
         if query in ("cls", "first"):
             return matrix[0]
@@ -67,6 +92,21 @@ def query_rows(query: Query, n: int) -> list[int]:
         return list(range(n))
     probe = torch.arange(n, dtype=torch.float64)[:, None]
     return [int(read_query(probe, query)[0])]
+
+
+def prefix_map(amap: AttentionMap, n: int) -> AttentionMap:
+    """The first ``n`` tokens of a causal self-attention map (rows and keys ``[:n]``): for
+    causal attention exactly the map of a forward over those tokens alone, e.g. the context
+    from which the token at position ``n`` was generated. Refused (rows no longer summing to
+    1) for a map whose first rows attend to later keys."""
+    check_self(amap, "prefix_map")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= amap.shape[2]:
+        raise InputError(f"prefix length must be an int in 1..{amap.shape[2]}; got {n!r}")
+    prompt = amap.prompt_length
+    return replace(amap, pattern=amap.pattern[:, :, :n, :n],
+                   scores=None if amap.scores is None else amap.scores[:, :, :n, :n],
+                   query_tokens=amap.query_tokens[:n], key_tokens=amap.key_tokens[:n],
+                   prompt_length=None if prompt is None else min(prompt, n))
 
 
 def layer_position(amap: AttentionMap, layer: int) -> int:

@@ -27,10 +27,13 @@ index, 0-based), or ``"attn_x_grad"``, which spans all layers; :func:`map_import
 views that need no model on a stored :class:`~attnprobe.types.AttentionMap`. A new view is one
 class registered in :data:`VIEWS` (:mod:`attnprobe.attribution.view_base`).
 
-Which query row is read (``query``): ``"cls"`` / ``"first"`` (row 0, the ``[CLS]`` row of BERT-like
-models), ``"last"`` (the last row, for causal LMs), ``"mean"`` (mean over rows), ``"max"`` (max over
-rows, as Abnar & Zuidema's DistilBERT script does), or an int row index (negative counts from the
-end).
+Which query row is read (``query``): ``"auto"`` (the default: ``"last"`` for causal models,
+``"cls"`` otherwise — from the model's kind, or for a stored map from ``info.causal``, else from
+whether any row attends to a later key), ``"cls"`` / ``"first"`` (row 0, the ``[CLS]`` row of
+BERT-like models), ``"last"`` (the last real token: for a causal LM the only row that sees the
+whole text, the one that predicts the next token), ``"mean"`` (mean over rows), ``"max"`` (max
+over rows, as Abnar & Zuidema's DistilBERT script does), or an int row index (negative counts
+from the end).
 
 Flow is implemented in :mod:`attnprobe.attribution.attention_flow`, attention × gradient and
 the norm views in :mod:`attnprobe.attribution.model_views`; every view is importable from here.
@@ -62,8 +65,10 @@ from attnprobe.attribution.view_common import (
     check_query,
     check_stack,
     layer_position,
+    map_causal,
     one_text,
     read_query,
+    resolve_query,
 )
 from attnprobe.capture.text import Truncation, truncation_mode
 from attnprobe.core.scope import Scope, ScopeLike
@@ -94,7 +99,7 @@ ViewLike = str | View
 
 # ----------------------------------------------------------------------------- map views
 def raw(amap: AttentionMap, layer: int, *, head: int | Sequence[int] | None = None,
-        query: Query = "cls") -> torch.Tensor:
+        query: Query = "auto") -> torch.Tensor:
     """Raw attention of one layer as token importance.
 
     Args:
@@ -114,7 +119,7 @@ def raw(amap: AttentionMap, layer: int, *, head: int | Sequence[int] | None = No
     else:
         heads = [head] if isinstance(head, int) else list(head)
         matrix = amap.select(layers=[int(layer)], heads=heads).pattern[0].mean(0)
-    return read_query(matrix.to(torch.float64), query)
+    return read_query(matrix.to(torch.float64), resolve_query(query, map_causal(amap)))
 
 
 def rollout(amap: AttentionMap, *, residual: bool = True,
@@ -208,7 +213,7 @@ def run_views(views: Sequence[View], inp: ViewInput) -> list[TokenAttribution]:
 def attention_importance(model: nn.Module, tokenizer: Any, text: str,
                          target: Target | None = None, *,
                          views: Sequence[ViewLike] | ViewLike | None = None,
-                         scope: ScopeLike = "all", query: Query = "cls",
+                         scope: ScopeLike = "all", query: Query = "auto",
                          example_id: str = "", truncation: Truncation = "error",
                          max_length: int | None = None) -> list[TokenAttribution]:
     """Every requested attention view of one text, for every requested layer.
@@ -244,7 +249,7 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
 
 
 def map_importance(amap: AttentionMap, *, views: Sequence[ViewLike] | ViewLike | None = None,
-                   scope: ScopeLike = "all", query: Query = "cls",
+                   scope: ScopeLike = "all", query: Query = "auto",
                    example_id: str = "") -> list[TokenAttribution]:
     """The views that need no model (``raw``, ``rollout``, ``flow`` ...) on a stored map, e.g.
     one written by ``attnprobe extract``; as :func:`attention_importance` otherwise.

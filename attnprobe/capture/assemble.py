@@ -90,6 +90,7 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
     def crop(x: torch.Tensor) -> torch.Tensor:
         return x[b][:, :, q_cut][..., k_cut]
 
+    prompt = call.prompt_lengths.get(sites[0].side)
     return AttentionMap(
         pattern=crop(pattern),
         query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, q_tokens, tokens_of)),
@@ -102,16 +103,21 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
         info=info,
         example_id=example_id,
         check_rows=not edited,
+        prompt_length=None if prompt is None else int(prompt[b]),
     )
 
 
 def build_maps(calls: Sequence[ForwardCall], kept_heads: dict[Site, tuple[int, ...]],
                edited_sites: set[Site], info: ModelInfo, tokens_of: TokensOf | None,
-               example_ids: Sequence[str] | None = None) -> list[AttentionMap]:
+               example_ids: Sequence[str] | None = None,
+               originals: Sequence[ForwardCall] = ()) -> list[AttentionMap]:
     """Per call, per example, per (stack, kind): one padding-stripped AttentionMap.
 
     Each group's layers are stacked once per call, examples are cut out with slices when
-    their tokens are contiguous, and the per-layer tensors are released once all is built.
+    their tokens are contiguous, and the per-layer tensors are released once all is built
+    (those of ``originals`` too: the calls before decoding steps were folded into
+    ``calls``). A call folded from decoding steps gives maps over the prompt and the tokens
+    fed after it, with ``prompt_length`` set.
     """
     maps: list[AttentionMap] = []
     n_example = 0
@@ -128,7 +134,7 @@ def build_maps(calls: Sequence[ForwardCall], kept_heads: dict[Site, tuple[int, .
                 maps.append(_example_map(call, sites, b, pattern, scores, info, tokens_of,
                                          example_id, heads=kept_heads[sites[0]],
                                          edited=any(s in edited_sites for s in sites)))
-    for call in calls:
+    for call in (*calls, *originals):
         call.patterns.clear()
         call.scores.clear()
     return maps

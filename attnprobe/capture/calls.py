@@ -17,12 +17,18 @@ class ForwardCall:
     """Inputs of one forward of the captured model and what was kept from it.
 
     ``ids`` / ``valid``: ``[batch, seq]`` token ids and real-token masks per side
-    (``None`` when the model was not given them). ``patterns``: site -> ``[batch, head, q, k]``.
+    (``None`` when the model was not given them); in a KV-cache step they cover the cached
+    tokens too. ``patterns``: site -> ``[batch, head, q, k]``. ``continues``: the call is a
+    KV-cache step of the call before it (a decoding step of ``generate``).
+    ``prompt_lengths``: per side, ``[batch]`` real tokens of the first forward of a sequence
+    whose decoding steps were folded into this call (:mod:`attnprobe.capture.steps`).
     """
 
     ids: dict[Side, torch.Tensor | None]
     valid: dict[Side, torch.Tensor | None]
     fresh: dict[Side, int] = field(default_factory=dict)  # tokens new in this call (KV cache)
+    continues: bool = False
+    prompt_lengths: dict[Side, torch.Tensor] = field(default_factory=dict)
     patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
     live: dict[Site, torch.Tensor] = field(default_factory=dict)  # in the graph, grads retained
@@ -33,17 +39,21 @@ class ForwardCall:
         and whether those positions are the side's tokens at all.
 
         They are when ``length`` is the side's full length (keys, and queries without a cache),
-        or the tokens new in this call (queries of a KV-cache step). Any other length — e.g. a
-        learned pooling query — is not a token of the input: all rows count, none is named.
+        or, in a KV-cache step, the last ``length`` tokens (the new tokens on the query side;
+        on the key side the most recent keys a sliding-window cache still holds). Any other
+        length — e.g. a learned pooling query — is not a token of the input: all rows count,
+        none is named.
         """
         mask = self.valid.get(side)
         ones = torch.ones(batch, length, dtype=torch.bool)
+        step = self.fresh.get(side) == length or self.continues
         if mask is None or mask.shape[0] != batch:
             ids = self.ids.get(side)
-            return ones, ids is None or ids.shape[-1] == length
+            return ones, ids is None or ids.shape[-1] == length or (
+                step and ids.shape[-1] > length)
         if mask.shape[1] == length:
             return mask, True
-        if self.fresh.get(side) == length and mask.shape[1] > length:
+        if step and mask.shape[1] > length:
             return mask[:, mask.shape[1] - length:], True
         return ones, False
 
@@ -58,17 +68,49 @@ class ForwardCall:
         ``[batch, length]``."""
         valid, are_tokens = self.positions_of(side, batch, length)
         mask = self.valid.get(side)
+        ids = self.ids.get(side)
         if are_tokens and mask is not None and mask.shape[0] == batch \
                 and mask.shape[1] >= length:
             pos = positions(mask)[:, mask.shape[1] - length:]
+        elif are_tokens and mask is None and ids is not None and ids.shape[1] > length:
+            # a KV-cache step without a mask: the last `length` of the tokens so far
+            pos = torch.arange(ids.shape[1] - length, ids.shape[1]).expand(batch, -1)
         else:
             pos = positions(valid)
-        ids = self.ids.get(side)
         if not are_tokens or ids is None or ids.shape[0] != batch or ids.shape[1] < length:
             ids = None
         else:
             ids = ids[:, ids.shape[1] - length:]
         return valid, pos, ids
+
+
+class Growing:
+    """A ``[batch, n]`` tensor that grows along its last axis, with capacity doubling.
+
+    Each decoding step of ``generate`` sees every token so far; the steps' ids and masks are
+    views of one buffer (the buffer is copied only when it doubles), so a sequence of ``T``
+    steps holds ``O(T)`` numbers, not one full copy per step.
+    """
+
+    def __init__(self, first: torch.Tensor) -> None:
+        self.buffer = first
+        self.length = first.shape[1]
+
+    def matches(self, current: torch.Tensor) -> bool:
+        """Whether ``current`` is this buffer's tensor (the view last handed out)."""
+        return current.shape == (self.buffer.shape[0], self.length) and (
+            current.data_ptr() == self.buffer.data_ptr())
+
+    def extend(self, more: torch.Tensor) -> torch.Tensor:
+        """Append ``more`` ``[batch, m]``; the whole tensor so far, as a view."""
+        end = self.length + more.shape[1]
+        if end > self.buffer.shape[1]:
+            grown = self.buffer.new_empty((self.buffer.shape[0], 2 * end))
+            grown[:, :self.length] = self.buffer[:, :self.length]
+            self.buffer = grown
+        self.buffer[:, self.length:end] = more
+        self.length = end
+        return self.buffer[:, :end]
 
 
 class StopForward(Exception):

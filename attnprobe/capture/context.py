@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -91,6 +90,20 @@ def _tensor_arg(args: tuple, kwargs: dict, name: str, position: int | None) -> A
     return None
 
 
+def _cached_tokens(kwargs: dict, side: str) -> dict[str, int]:
+    """``{side: n}``: how many tokens the KV cache handed to this forward already holds
+    (transformers passes it as ``cache`` or ``past_key_values``); empty when unknown."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    length = getattr(cache, "get_seq_length", None)
+    if not callable(length):
+        return {}
+    try:
+        n = length()
+    except (TypeError, ValueError, IndexError, AttributeError):  # a cache of another kind
+        return {}
+    return {side: int(n)} if isinstance(n, int) else {}
+
+
 def _record_inputs(recorder: Recorder) -> Callable[..., None]:
     """Root pre-hook: note token ids and padding of every forward call of this thread."""
 
@@ -113,7 +126,8 @@ def _record_inputs(recorder: Recorder) -> Callable[..., None]:
         recorder.begin_call(
             ids={"main": two_d(ids), "decoder": two_d(dec_ids)},
             valid={"main": None if two_d(mask) is None else two_d(mask).bool(),
-                   "decoder": None if two_d(dec_mask) is None else two_d(dec_mask).bool()})
+                   "decoder": None if two_d(dec_mask) is None else two_d(dec_mask).bool()},
+            cached=_cached_tokens(kwargs, "decoder" if dec_ids is not None else "main"))
 
     return on_call
 
@@ -306,9 +320,10 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
                       n_heads=recorder.n_heads, causal=_causal(model, sites),
                       dtype=_weights_dtype(recorder))
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
-    result._assemble = partial(build_maps, recorder.calls, recorder.kept_heads,
-                               set(recorder.edit_changes), info, to_tokens, example_ids)
-    result._batches = partial(batch_patterns, recorder.calls, recorder.kept_heads)
+    result._assemble = lambda: build_maps(recorder.sequences(), recorder.kept_heads,
+                                          set(recorder.edit_changes), info, to_tokens,
+                                          example_ids, originals=recorder.calls)
+    result._batches = lambda: batch_patterns(recorder.sequences(), recorder.kept_heads)
     result.tally = recorder.tally
     result.sites = list(sites)
     result.edits = pd.DataFrame(

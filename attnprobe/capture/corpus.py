@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture.context import capture
+from attnprobe.capture.generation import generate_maps
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
@@ -34,8 +35,8 @@ __all__ = ["extract", "head_stats"]
 def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
             scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
             truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-            max_length: int | None = None,
-            distributed: bool | None = None) -> list[AttentionMap]:
+            max_length: int | None = None, distributed: bool | None = None,
+            generate: int | None = None, sample: bool = False) -> list[AttentionMap]:
     """Attention maps of each text, padding stripped.
 
     Args:
@@ -51,6 +52,13 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
         max_length: a tighter cap on tokens per text than the model's own.
         distributed: split the batches over the ranks of an initialised ``torch.distributed``
             group and gather every map on every rank (default: when a group is initialised).
+        generate: continue each text (the prompt) by this many tokens with a causal
+            language model and return one map per text over prompt + generated tokens, equal
+            to one forward over the whole sequence (``prompt_length`` marks where generation
+            began; :mod:`attnprobe.capture.generation`). Prompt + ``generate`` must fit the
+            model's positions (``truncation`` applies to the prompt).
+        sample: with ``generate``, draw each token (seeded by ``seed``, once per batch)
+            instead of taking the most likely one.
 
     Returns:
         ``list[AttentionMap]``: one per text (one per text and attention stack for
@@ -62,6 +70,12 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
         >>> model, tok = ap.load_model("minilm")
         >>> maps = ap.extract(model, tok, ["The cat sat on the mat."], scope="layer:0")
     """
+    if generate is not None:
+        found = generate_maps(model, tokenizer, texts, generate, scope=scope,
+                              batch_size=batch_size, truncation=truncation, seed=seed,
+                              progress=progress, max_length=max_length,
+                              distributed=distributed, sample=sample)
+        return [item.amap for item in found]
     corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
                             max_length=max_length)
     scope = model_scope(model, scope)

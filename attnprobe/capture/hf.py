@@ -94,8 +94,8 @@ def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: in
     return block.to(dtype)
 
 
-def _visible_keys(additive: torch.Tensor | None, q_valid: torch.Tensor, rows: int,
-                  k_len: int, site: Site) -> torch.Tensor:
+def _visible_keys(additive: torch.Tensor | None, q_valid: Callable[[], torch.Tensor],
+                  rows: int, k_len: int, site: Site) -> torch.Tensor:
     """``[batch|1, rows]``: how many keys each query row may attend to under the mask.
 
     A real query row with no key left to attend to is an input error, not a uniform row.
@@ -104,11 +104,13 @@ def _visible_keys(additive: torch.Tensor | None, q_valid: torch.Tensor, rows: in
         return torch.full((1, rows), k_len)
     open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
     visible = open_keys[:, 0].sum(-1).expand(-1, rows)
-    closed = (visible == 0) & q_valid.to(visible.device)
-    if closed.any():
-        b, q = closed.nonzero()[0].tolist()
-        raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
-                         "(no key it may attend to)")
+    empty = visible == 0
+    if empty.any():  # padding rows may be closed; a real token's row may not
+        closed = empty & q_valid().to(visible.device)
+        if closed.any():
+            b, q = closed.nonzero()[0].tolist()
+            raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
+                             "(no key it may attend to)")
     return visible.cpu()
 
 
@@ -140,19 +142,24 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     dropout = float(kwargs.pop("dropout", 0.0) or 0.0)
     dropout = dropout if module.training else 0.0
     eager = _eager_of(module)
-    q_valid = recorder.query_valid(site, batch, q_len)
     position_bias = kwargs.pop("position_bias", None)
 
     # the additive mask in the dtype eager's mask function would use (the model's, also under
     # autocast, where the query is lower precision): the same weights as eager, bit for bit
-    param = next(module.parameters(), None)
-    mask_dtype = param.dtype if param is not None and param.is_floating_point() else query.dtype
+    mask_dtype = recorder.site_facts.get((site, "mask_dtype"))
+    if mask_dtype is None:
+        param = next(module.parameters(), None)
+        mask_dtype = param.dtype if param is not None and param.is_floating_point() \
+            else query.dtype
+        recorder.site_facts[(site, "mask_dtype")] = mask_dtype
 
     def run(rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mask = _additive_rows(attention_mask, rows, q_len, k_len, causal, mask_dtype,
                               query.device)
         n_rows = len(range(q_len)[rows])
-        visible = _visible_keys(mask, q_valid[:, rows], n_rows, k_len, site)
+        # which rows are real tokens is read only when a mask could close a row
+        visible = _visible_keys(mask, lambda: recorder.query_valid(site, batch, q_len)[:, rows],
+                                n_rows, k_len, site)
         extra = dict(kwargs)
         if position_bias is not None:
             extra["position_bias"] = position_bias[..., rows, :] \

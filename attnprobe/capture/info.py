@@ -57,6 +57,24 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
                      versions=library_versions())
 
 
+def causal_of(model: nn.Module) -> bool | None:
+    """Whether the model's self-attention is causal (for encoder-decoder models: the
+    encoder's, which is not): the ``is_causal`` flag of a transformers model's attention
+    modules, else a reference model's ``config.causal`` (or ``is_decoder``); ``None`` when
+    nothing says."""
+    config = getattr(model, "config", None)
+    if hf.is_hf_model(model):
+        if getattr(config, "is_encoder_decoder", False):
+            return False
+        flags = [getattr(model.get_submodule(site.path), "is_causal", None)
+                 for site in hf.hf_sites(model) if site.kind == "self" and site.side == "main"]
+        flags = [flag for flag in flags if isinstance(flag, bool)]
+        if flags:
+            return any(flags)
+    flag = getattr(config, "causal", getattr(config, "is_decoder", None))
+    return flag if isinstance(flag, bool) else None
+
+
 def attention_sizes(model: nn.Module) -> tuple[int, int]:
     """``(n_layers, n_heads)`` of a model's attention (0 when unknown).
 

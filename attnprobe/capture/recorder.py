@@ -22,9 +22,10 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
-from attnprobe.capture.calls import ForwardCall, Side, StopForward
+from attnprobe.capture.calls import ForwardCall, Growing, Side, StopForward
 from attnprobe.capture.parts import Edit, EditOutput, Part, Reduce, Rows
 from attnprobe.capture.sites import Site
+from attnprobe.capture.steps import fold_steps
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, HookNotFiredError, InputError
@@ -72,6 +73,14 @@ class Recorder:
         self.read_now: set[Site] = set()  # sites whose every row the current forward read
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
+        self._merged: list[ForwardCall] | None = None  # calls with decoding steps folded in
+        self._heads: dict[tuple[Site, int], tuple[int, ...]] = {}
+        # per site, facts of its module that stay fixed during a capture (e.g. the dtype
+        # of its parameters), read once rather than at every decoding step
+        self.site_facts: dict[tuple[Site, str], object] = {}
+        # KV-cache decoding: the ids and masks of every step so far, per side
+        self._grow_ids: dict[Side, Growing] = {}
+        self._grow_valid: dict[Side, Growing] = {}
         self.fired: set[Site] = set()
         self.edit_changes: dict[Site, float] = {}
         self.kept_heads: dict[Site, tuple[int, ...]] = {}
@@ -114,7 +123,15 @@ class Recorder:
 
     def head_index(self, n_heads: int, site: Site) -> tuple[int, ...]:
         """The heads kept at ``site``: the scope's heads over the scoped layers of its stack
-        (one grid per stack, so layers stack into one array)."""
+        (one grid per stack, so layers stack into one array). Memoised: a decoding step
+        asks again for every layer."""
+        key = (site, n_heads)
+        heads = self._heads.get(key)
+        if heads is None:
+            heads = self._heads[key] = self._head_index(n_heads, site)
+        return heads
+
+    def _head_index(self, n_heads: int, site: Site) -> tuple[int, ...]:
         count = self.layer_counts.get((site.stack, site.kind))
         if count is None:  # a stack found during the forward: the same cover for each layer
             named = (layer for layer, _ in self.scope.terms if layer is not None)
@@ -136,23 +153,51 @@ class Recorder:
 
     # -------------------------------------------------------------- calls
     def begin_call(self, ids: dict[Side, torch.Tensor | None],
-                   valid: dict[Side, torch.Tensor | None]) -> None:
-        """Note one forward's inputs; with a KV cache, prepend the ids seen so far."""
+                   valid: dict[Side, torch.Tensor | None],
+                   cached: dict[Side, int] | None = None) -> None:
+        """Note one forward's inputs ``[batch, seq]`` per side.
+
+        A KV-cache step (the call feeds new tokens after those of the previous call: its mask
+        covers both, or its cache holds ``cached[side]`` tokens, as many as the previous call
+        saw) continues the previous call: its ids and mask then cover every token so far,
+        kept in one growing buffer per side (:class:`~attnprobe.capture.calls.Growing`).
+        """
         for mask in valid.values():
             if mask is not None and mask.ndim == 2 and not mask.any(-1).all():
                 empty = (~mask.any(-1)).nonzero().flatten().tolist()
                 raise InputError(f"examples {empty} have no real tokens: every query row is "
                                  "fully masked")
         fresh = {side: t.shape[-1] for side, t in ids.items() if t is not None}
-        if self.calls:
-            for side, current in ids.items():
-                past, mask = self.calls[-1].ids.get(side), valid.get(side)
-                if (current is not None and past is not None and mask is not None
-                        and past.shape[0] == current.shape[0]
-                        and past.shape[1] + current.shape[1] == mask.shape[1]):
-                    ids[side] = torch.cat([past, current], dim=1)
-        self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh))
+        cached = cached or {}
+        previous = self.calls[-1] if self.calls else None
+        continues = False
+        for side, current in ids.items():
+            past = previous.ids.get(side) if previous is not None else None
+            if current is None or past is None or past.shape[0] != current.shape[0]:
+                continue
+            mask, known, seen = valid.get(side), cached.get(side), past.shape[1]
+            if mask is None and known is None:  # nothing says the model had a cache
+                continue
+            if (mask is not None and seen + current.shape[1] != mask.shape[1]) \
+                    or (known is not None and known != seen):
+                continue
+            continues = True
+            ids[side] = self._grown(self._grow_ids, side, past).extend(current)
+            if mask is not None:
+                before = previous.valid.get(side)
+                if before is not None and before.shape == (mask.shape[0], seen):
+                    valid[side] = self._grown(self._grow_valid, side, before).extend(
+                        mask[:, seen:])
+        self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh, continues=continues))
         self.read_now = set()
+
+    @staticmethod
+    def _grown(buffers: dict[Side, Growing], side: Side, past: torch.Tensor) -> Growing:
+        """The growing buffer whose latest view is ``past`` (a new one for a new sequence)."""
+        buffer = buffers.get(side)
+        if buffer is None or not buffer.matches(past):
+            buffer = buffers[side] = Growing(past)
+        return buffer
 
     @property
     def current(self) -> ForwardCall:
@@ -222,3 +267,10 @@ class Recorder:
         if edits and not any(v > 0 for v in self.edit_changes.values()):
             raise EditNotAppliedError("the edit left every attention pattern unchanged "
                                       f"(layers {sorted({s.layer for s in self.fired})})")
+
+    def sequences(self) -> list[ForwardCall]:
+        """The forward calls, each run of KV-cache decoding steps folded into one call per
+        sequence (:func:`~attnprobe.capture.steps.fold_steps`; computed once)."""
+        if self._merged is None:
+            self._merged = fold_steps(self.calls)
+        return self._merged

@@ -36,6 +36,7 @@ __all__ = [
     "prepare_corpus",
     "text_input",
     "token_lengths",
+    "token_limit",
     "truncation_mode",
 ]
 
@@ -90,7 +91,9 @@ def max_length_of(model: nn.Module, tokenizer: Any) -> int | None:
     return min(limits) if limits else None
 
 
-def _limit(model: nn.Module, tokenizer: Any, max_length: int | None) -> int | None:
+def token_limit(model: nn.Module, tokenizer: Any, max_length: int | None) -> int | None:
+    """The most tokens per text: the model's own limit (:func:`max_length_of`), lowered to
+    ``max_length`` when given (checked: a positive int); ``None`` when unknown."""
     limit = max_length_of(model, tokenizer)
     if max_length is not None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
@@ -160,7 +163,7 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], *,
     if padding_side not in ("left", "right"):
         raise InputError(f"padding_side must be 'left' or 'right'; got {padding_side!r}")
     mode = truncation_mode(truncation)
-    limit = _limit(model, tokenizer, max_length)
+    limit = token_limit(model, tokenizer, max_length)
     cut = {"truncation": True, "max_length": limit} if mode == "cut" and limit else {}
     batch = _tokenize(tokenizer, texts, padding_side, cut)
     lengths = batch["attention_mask"].sum(-1)
@@ -207,7 +210,7 @@ def prepare_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     texts = check_texts(texts)
     mode = truncation_mode(truncation)
     ids = [str(i) for i in range(len(texts))]
-    limit = _limit(model, tokenizer, max_length)
+    limit = token_limit(model, tokenizer, max_length)
     if mode == "cut" or limit is None:
         return Corpus(tuple(texts), tuple(ids))
     lengths = token_lengths(tokenizer, texts)

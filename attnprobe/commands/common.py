@@ -123,6 +123,31 @@ def corpus_options(args: argparse.Namespace) -> dict[str, Any]:
             "truncation": truncation_of(args), "seed": args.seed, "progress": not args.quiet}
 
 
+# ------------------------------------------------------------------------------- causal LMs
+def generation_args(parser: argparse.ArgumentParser) -> None:
+    """``--generate N`` and ``--sample``, shared by extract, compare and report."""
+    parser.add_argument("--generate", type=int, metavar="N",
+                        help="continue each text by N tokens (causal language models) and "
+                             "take the attention of prompt + generated tokens")
+    parser.add_argument("--sample", action="store_true",
+                        help="with --generate: sample the tokens (seeded by --seed) instead "
+                             "of taking the most likely one")
+
+
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``generate`` / ``sample`` keyword arguments (none without --generate)."""
+    if args.generate is None:
+        if args.sample:
+            raise InputError("--sample needs --generate N")
+        return {}
+    return {"generate": args.generate, "sample": args.sample}
+
+
+def query_value(text: str) -> str | int:
+    """``--query``: a row index, or a name (checked by the library: one-line error)."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 # ------------------------------------------------------------------------------- inputs
 def texts_from_args(args: argparse.Namespace,
                     hint: str = "pass --text \"...\" or --text-file FILE (one text a line)"

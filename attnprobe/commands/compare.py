@@ -13,8 +13,11 @@ from attnprobe.commands.common import (
     corpus_options,
     count_noun,
     distributed_group,
+    generation_args,
+    generation_options,
     names,
     positive,
+    query_value,
     report_skipped,
     texts_from_args,
     write_table,
@@ -28,6 +31,8 @@ def _example(metrics: tuple[str, ...]) -> str:
       --out compare.csv --summary summary.csv
   attnprobe compare --model path/to/classifier --text "Great film." --target class:1 \\
       --methods integrated_gradients,leave_one_out --views raw,rollout --scope layers:0,5
+  attnprobe compare --model path/to/gpt2 --text-file prompts.txt --target next-token \\
+      --generate 5 --out steps.csv
 
 Targets: class:K, prob:K (classifiers), next-token[:ID] (causal LMs), similarity:TEXT
 (embedding models: cosine similarity of mean-pooled embeddings). Writes one row per
@@ -35,12 +40,12 @@ example, attention view (at each layer) or method, reference method and metric, 
 value and p_value; metrics: {", ".join(metrics)}.
 --summary writes mean, std and the share of examples with p <= 0.05. --scope picks the
 layers of every view and the heads that raw and norm average (rollout, flow and
-attn_x_grad run through every head).
+attn_x_grad run through every head). The views read the row --query says; by default
+(auto) the last real token of a causal model (the one that predicts the next token) and
+the first ([CLS]) of an encoder. With --generate N (--target next-token) each text is a
+prompt continued by N tokens, and every generated token is explained from the prompt and
+the tokens generated before it: the table gets step, position and token columns.
 """
-
-
-def _query(text: str) -> str | int:
-    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -49,11 +54,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out, summary_out = check_tables(args, ("--out", args.out), ("--summary", args.summary))
     texts = texts_from_args(args)
+    generation = generation_options(args)
     model, tokenizer = load_model(args.model)
     with distributed_group(args.distributed) as (rank, world):
         result = compare(model, tokenizer, texts, args.target, methods=args.methods,
                          views=args.views, query=args.query, n_steps=args.n_steps,
-                         max_length=args.max_length, distributed=world > 1,
+                         max_length=args.max_length, distributed=world > 1, **generation,
                          **corpus_options(args))
         if rank != 0:
             return 0
@@ -67,7 +73,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     shown = summary[summary["metric"] == "kendall_tau"]
     columns = ["source", "method", "mean", "std", "frac_significant"]
     compared = count_noun(len(texts) - len(result.skipped), "text")
-    print(f"{compared}, target {args.target}: Kendall tau (mean over texts)")
+    over = f"{count_noun(args.generate, 'generated token')} each" if generation else "texts"
+    print(f"{compared}, target {args.target}: Kendall tau (mean over {over})")
     with pd.option_context("display.width", 120, "display.max_rows", 60,
                            "display.float_format", "{:.3f}".format):
         print(shown[columns].to_string(index=False))
@@ -93,11 +100,13 @@ def register(sub: Any) -> None:
     parser.add_argument("--views", type=names, default=list(DEFAULT_VIEWS),
                         help=f"attention views (default {','.join(DEFAULT_VIEWS)}; also "
                              f"{','.join(others) or 'none'})")
-    parser.add_argument("--query", type=_query, default="cls",
-                        help="row the views read: cls (default), last, mean, max, or an index")
+    parser.add_argument("--query", type=query_value, default="auto",
+                        help="row the views read: auto (default: last for causal models, cls "
+                             "otherwise), cls, last, mean, max, or an index")
     parser.add_argument("--n-steps", type=positive, default=50,
                         help="Integrated Gradients steps (default 50)")
     parser.add_argument("--out", default="compare.csv",
                         help="agreement table: .csv, .parquet or .json (default compare.csv)")
     parser.add_argument("--summary", help="also write the per-view summary table here")
+    generation_args(parser)
     parser.set_defaults(run=cmd_compare)

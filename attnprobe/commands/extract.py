@@ -14,6 +14,8 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
+    generation_args,
+    generation_options,
     input_files,
     report_skipped,
     show_rows,
@@ -23,9 +25,16 @@ from attnprobe.commands.common import (
 from attnprobe.core.files import check_outputs
 from attnprobe.errors import OutputError
 
-EXTRACT_EXAMPLE = """example:
+EXTRACT_EXAMPLE = """examples:
   attnprobe extract --model minilm --text "The cat sat on the mat." --scope layers:0-1 \\
       --out maps.npz
+  attnprobe extract --model ref:induction --text "t01 t02 t03 t04 t05 t06 t07 t08 t01 t02" \\
+      --generate 6 --out generated.npz
+
+With --generate N (causal language models) every text is a prompt continued by N tokens
+(greedy, or sampled with --sample, seeded by --seed); each text gives one map over prompt +
+generated tokens, equal to one forward over the whole sequence (its prompt_length marks
+where generation began).
 """
 
 
@@ -56,8 +65,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
     options = corpus_options(args)
+    generation = generation_options(args)
     with distributed_group(args.distributed) as (rank, _):
-        maps = extract(model, tokenizer, texts, max_length=args.max_length, **options)
+        maps = extract(model, tokenizer, texts, max_length=args.max_length, **generation,
+                       **options)
         if rank != 0:
             return 0
     kept = {m.example_id for m in maps}
@@ -66,6 +77,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     with pd.option_context("display.max_rows", args.show, "display.width", 120,
                            "display.float_format", "{:.3f}".format):
         print(summary.drop(columns=["stack"]).to_string(index=False, max_rows=args.show))
+    for amap in maps[:args.show] if generation else []:
+        prompt = amap.prompt_length or 0
+        print(f"text {amap.example_id}: {' '.join(amap.query_tokens[:prompt])} -> "
+              f"{' '.join(amap.query_tokens[prompt:])}")
     if out.suffix in TABLE_SUFFIXES:
         write_table(pd.concat([m.to_frame() for m in maps], ignore_index=True), out)
     else:
@@ -90,4 +105,5 @@ def register(sub: Any) -> None:
     parser.add_argument("--bertviz", metavar="PATH.json",
                         help="also write the maps as BertViz JSON (attnprobe.report.bertviz)")
     parser.add_argument("--show", type=show_rows, default=20, help="summary rows to print")
+    generation_args(parser)
     parser.set_defaults(run=cmd_extract)

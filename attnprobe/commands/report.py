@@ -11,8 +11,11 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
+    generation_args,
+    generation_options,
     input_files,
     positive,
+    query_value,
     report_skipped,
     texts_from_args,
 )
@@ -26,11 +29,17 @@ REPORT_EXAMPLE = """examples:
   attnprobe report --maps maps.npz --out r.html          # maps from attnprobe extract
   attnprobe report --text-file s.txt --target "similarity:A cat." --perturb uniform \
       --scope layer:0 --out r.html
+  attnprobe report --model path/to/gpt2 --text-file prompts.txt --target next-token \
+      --generate 8 --out r.html
 
 The page holds the model card, every head's label and scores (head grid, layer profile,
 clusters), an interactive attention view of the first --view-texts texts, the syntax table
 with --syntax, attention vs attributions with --target and a perturbation table with
---perturb. It needs no network: open it from disk.
+--perturb. The views read the row --query says (auto: the last real token of a causal
+model, [CLS] of an encoder). With --generate N (causal language models) the shown texts are
+prompts continued by N tokens: the attention view covers prompt + generated tokens (the
+generated ones marked) and --target next-token explains every generated token. It needs
+no network: open it from disk.
 """
 
 
@@ -54,7 +63,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"attention view of the maps in {args.maps}: {out}")
         return 0
     texts = texts_from_args(args)
+    generation = generation_options(args)
     model, tokenizer = load_model(args.model)
+    _check_early(args, model)
     options = corpus_options(args)
     with distributed_group(args.distributed) as (rank, world):
         result = census(model, tokenizer, texts, syntax=args.syntax, distributed=world > 1,
@@ -64,14 +75,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     report_skipped(result.skipped)
     shown = texts[:args.view_texts]
     quiet = {**options, "progress": False, "truncation": "cut"}
-    maps = extract(model, tokenizer, shown, **quiet)
     comparison = perturbation = None
     if args.target:
         from attnprobe.attribution.comparison import compare
 
         comparison = compare(model, tokenizer, shown, args.target,
                              methods=["integrated_gradients", "saliency", "leave_one_out"],
-                             views=["raw", "rollout"], n_steps=args.n_steps, **quiet)
+                             views=["raw", "rollout"], query=args.query, n_steps=args.n_steps,
+                             **generation, **quiet)
+    # with --generate and --target the view shows the generations that were explained
+    maps = comparison.maps if comparison is not None and comparison.maps else \
+        extract(model, tokenizer, shown, **generation, **quiet)
     if args.perturb:
         from attnprobe.perturb.experiments import run
 
@@ -83,6 +97,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"wrote {page.size_bytes / 1e6:.2f} MB to {out}", file=sys.stderr)
     print(f"{result.n_sentences} sentences, {len(maps)} in the attention view: {out}")
     return 0
+
+
+def _check_early(args: argparse.Namespace, model: Any) -> None:
+    """Refuse a bad --query, or a --generate the model or the target cannot take, before the
+    census runs."""
+    from attnprobe.attribution.view_common import check_query
+
+    check_query(args.query)
+    if args.generate is not None:
+        from attnprobe.attribution.comparison import check_generation_target
+        from attnprobe.capture.generation import check_generation
+
+        if args.target:
+            check_generation_target(model, args.target, None, args.generate)
+        else:
+            check_generation(model, args.generate)
 
 
 def register(sub: Any) -> None:
@@ -101,6 +131,11 @@ def register(sub: Any) -> None:
                              "(class:K, next-token, similarity:TEXT ...)")
     parser.add_argument("--n-steps", type=positive, default=20,
                         help="Integrated Gradients steps for --target (default 20)")
+    parser.add_argument("--query", type=query_value, default="auto",
+                        help="row the attention views of --target read: auto (default: last "
+                             "for causal models, cls otherwise), cls, last, mean, max, or an "
+                             "index")
+    generation_args(parser)
     parser.add_argument("--perturb", metavar="EXPERIMENT",
                         help="also run a perturbation experiment on the shown texts "
                              "(uniform, ablate, permute, ...)")

@@ -37,9 +37,12 @@ def dequantise(data: np.ndarray) -> np.ndarray:
 
 
 def pack_map(amap: AttentionMap, index: int = 0) -> dict[str, Any]:
-    """One map as a JSON-ready dict: shape, model indices, tokens and base64 uint8 weights."""
+    """One map as a JSON-ready dict: shape, model indices, tokens, base64 uint8 weights and
+    ``prompt_length`` (``null`` unless the map covers generated tokens, which the view
+    marks)."""
     pattern = amap.pattern.numpy()
     return {
+        "prompt_length": amap.prompt_length,
         "id": amap.example_id or f"sentence {index}",
         "stack": amap.stack, "kind": amap.kind,
         "layers": list(amap.layers), "heads": list(amap.heads or ()),

@@ -1,5 +1,7 @@
-"""Synthetic tasks with known ground truth (copy, reverse, sort, ...) and their metrics."""
+"""Synthetic tasks with known ground truth (copy, reverse, sort, ...), their metrics, and the
+copy tasks of the causal models (induction segments, needles in long contexts)."""
 
+from attnprobe.tasks.induction import CopyStep, copy_scores, copy_steps, held_out, prefix_text
 from attnprobe.tasks.metrics import (
     alignment_accuracy,
     alignment_error_rate,
@@ -8,8 +10,10 @@ from attnprobe.tasks.metrics import (
     gold_mass,
     sequence_accuracy,
 )
+from attnprobe.tasks.needle import Needles, greedy_continuation, needle_task
 from attnprobe.tasks.synthetic import BOS, EOS, PAD, TASKS, TaskBatch, lexicon, make_batch
 
-__all__ = ["BOS", "EOS", "PAD", "TASKS", "TaskBatch", "alignment_accuracy",
-           "alignment_error_rate", "attention_aer", "corpus_bleu", "gold_mass", "lexicon",
-           "make_batch", "sequence_accuracy"]
+__all__ = ["BOS", "EOS", "PAD", "TASKS", "CopyStep", "Needles", "TaskBatch",
+           "alignment_accuracy", "alignment_error_rate", "attention_aer", "copy_scores",
+           "copy_steps", "corpus_bleu", "gold_mass", "greedy_continuation", "held_out",
+           "lexicon", "make_batch", "needle_task", "prefix_text", "sequence_accuracy"]

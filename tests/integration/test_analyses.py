@@ -78,8 +78,9 @@ def test_bench_attribution_smoke(tmp_path, monkeypatch):
 
 
 NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_"))
-OWN_TESTS = ("bench_attribution", "bench_capture", "bench_census", "bench_flow", "bench_perturb",
-             "head_census", "perturbation_studies", "rollout_trend")  # their own tests below
+OWN_TESTS = ("bench_attribution", "bench_capture", "bench_causal", "bench_census", "bench_flow",
+             "bench_perturb", "finetune_diff", "head_census", "induction_circuit", "long_context",
+             "perturbation_studies", "rollout_trend")  # their own tests below
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -111,6 +112,16 @@ def test_bench_perturb_smoke(tmp_path, monkeypatch):
     assert checks["max |batched - sequential| permuted weights"] <= 1e-6
     assert checks["max |batched - sequential| last hidden state"] <= 1e-4
     assert checks["distinct embeddings among the batched permutations"] == 8
+    # the sweep part: 3 heads of layers 4 and 5, the sweep's table equal to 3 single-head runs
+    sweep = (tmp_path / "sweep_summary.csv").read_text()
+    assert "3 single-head ablations (minilm, 1 text(s)" in sweep
+    checks = {line.rsplit(",", 1)[0]: float(line.rsplit(",", 1)[1])
+              for line in (tmp_path / "sweep_checks.csv").read_text().splitlines()[1:]}
+    assert checks["heads swept"] == 3
+    assert checks["rows: sweep table"] == checks["rows: sequential tables"] == 3 * 2
+    assert checks["same columns and rows in the same order (1 = yes)"] == 1
+    assert checks["max |sweep - sequential| baseline / perturbed / change"] <= 1e-5
+    assert checks["heads in the sweep's layer x head grid of cosine distances"] == 3
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["script"] == "analyses/bench_perturb.py" and record["config"]
 
@@ -180,3 +191,109 @@ def test_rollout_trend_smoke(tmp_path, monkeypatch):
     assert (tmp_path / "rollout_trend.png").stat().st_size > 0
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["script"] == "analyses/rollout_trend.py" and record["config"]
+
+
+def test_induction_circuit_smoke(tmp_path, monkeypatch):
+    import pandas as pd
+
+    script = load("induction_circuit")
+    monkeypatch.setattr(sys, "argv", ["induction_circuit.py"])
+    script.main(["--smoke", "--out", str(tmp_path)])
+    model = pd.read_csv(tmp_path / "model.csv").set_index("half")
+    assert model.at["second", "accuracy"] > 0.8 and model.at["first", "accuracy"] < 0.2
+    ablation = pd.read_csv(tmp_path / "ablation.csv")
+    assert (ablation["kind"] == "head").sum() == 8  # ref:induction: 2 layers x 4 heads
+    assert ablation.loc[ablation["kind"] == "none", "accuracy_drop"].tolist() == [0]
+    assert "induction heads (census)" in set(ablation["ablated"])
+    steps = pd.read_csv(tmp_path / "attribution_steps.csv")
+    assert set(steps["method"]) >= {"integrated_gradients", "attn_x_grad", "random"}
+    assert (steps["top1"] >= 1).all() and (steps["top1"] <= steps["position"]).all()
+    shares = pd.read_csv(tmp_path / "attribution.csv")
+    parts = shares[[f"share_{r}" for r in ("source+1", "source", "query", "other")]]
+    assert (parts.sum(axis=1) - 1).abs().max() < 1e-9  # every step lands in one relation
+    checks = pd.read_csv(tmp_path / "checks.csv").set_index("check")["value"]
+    assert checks["explained token != the model's own prediction (rows)"] == 0
+    for name in ("ablation", "census", "attribution", "pattern"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/induction_circuit.py" and record["config"]
+
+
+def test_finetune_diff_smoke_is_reproducible(tmp_path, monkeypatch):
+    import math
+
+    import pandas as pd
+
+    script = load("finetune_diff")
+    monkeypatch.setattr(sys, "argv", ["finetune_diff.py"])
+    first, second = tmp_path / "first", tmp_path / "second"
+    script.main(["--smoke", "--out", str(first)])
+    script.main(["--smoke", "--out", str(second)])
+    for name in ("training", "heads", "layers", "scores", "verdict"):  # seeded: same bytes
+        if name == "training":  # its seconds differ
+            a, b = (pd.read_csv(d / "training.csv").drop(columns="seconds")
+                    for d in (first, second))
+            pd.testing.assert_frame_equal(a, b)
+        else:
+            assert (first / f"{name}.csv").read_bytes() == (second / f"{name}.csv").read_bytes()
+    heads = pd.read_csv(first / "heads.csv")
+    layers = pd.read_csv(first / "layers.csv")
+    assert len(heads) == 4 and list(layers["layer"]) == [0, 1]  # the smoke BERT: 2 x 2
+    assert heads["js"].between(0, math.log(2)).all() and (heads["js"] > 0).all()
+    assert layers["js"].tolist() == pytest.approx(heads.groupby("layer")["js"].mean().tolist())
+    training = pd.read_csv(first / "training.csv").iloc[0]
+    assert training["train_examples"] == 32 and training["held_out_examples"] == 16
+    verdict = pd.read_csv(first / "verdict.csv")
+    assert list(verdict["measure"]) == ["js", "one_minus_cosine"]
+    for name in ("layer_js", "head_js"):
+        assert (first / f"{name}.png").stat().st_size > 0
+    record = json.loads((first / "provenance.json").read_text())
+    assert record["script"] == "analyses/finetune_diff.py" and record["config"]["steps"] == 3
+
+
+def test_long_context_smoke(tmp_path, monkeypatch):
+    import pandas as pd
+
+    script = load("long_context")
+    monkeypatch.setattr(sys, "argv", ["long_context.py"])
+    script.main(["--smoke", "--out", str(tmp_path)])
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    found = set(heads.loc[heads["retrieval_head"], "head_id"])
+    assert found == set(heads.loc[heads["label"] == "induction", "head_id"]) == \
+        {"L1H0", "L1H1", "L1H2", "L1H3"}  # ref:induction's circuit (issue 12 §6)
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    assert len(grid) == 2 * 2 and grid["accuracy"].between(0, 1).all()
+    assert (grid["copy_steps"] == grid["examples"] * 10).all()  # needle 12, prefix 2
+    retrieval = pd.read_csv(tmp_path / "retrieval.csv")
+    assert len(retrieval) == 4 * 8 and retrieval["retrieval"].between(0, 1).all()
+    ablation = pd.read_csv(tmp_path / "ablation.csv").set_index("ablated")
+    assert ablation.at["none", "drop"] == 0
+    assert ablation.at["retrieval heads", "accuracy"] <= 0.1  # the copy breaks
+    positions = pd.read_csv(tmp_path / "positions.csv")
+    assert set(positions["head_id"]) == {"L0H0", "L0H1", "L0H2", "L0H3"}
+    assert (tmp_path / "long_context.png").stat().st_size > 0
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/long_context.py" and record["config"]
+
+
+def test_bench_causal_smoke(tmp_path, monkeypatch):
+    import pandas as pd
+
+    bench = load("bench_causal")
+    monkeypatch.setattr(sys, "argv", ["bench_causal.py"])
+    bench.main(["--smoke", "--out", str(tmp_path)])
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["benchmark"].str.contains("capture during generate").sum() == 2
+    assert summary["benchmark"].str.contains("peak memory / full maps").any()
+    checks = pd.read_csv(tmp_path / "checks.csv").set_index("check")["value"]
+    for model in ("llama", "gpt2"):
+        assert float(checks[f"1: {model}: captured generation == plain generation"]) == 1
+    long = pd.read_csv(tmp_path / "long_context.csv")
+    assert long["length"].tolist() == [64, 128] and (long["heads_scored"] == 8).all()
+    # full maps by arithmetic: 2 layers x 4 heads x L^2 x 4 bytes
+    assert long["full_maps_mib"].tolist() == [2 * 4 * n * n * 4 / 2**20 for n in (64, 128)]
+    assert (long["largest_block_mib"] <= 16).all()  # the seam's block budget
+    generation = pd.read_csv(tmp_path / "generation.csv")
+    assert set(generation["contender"]) == {"generate", "capture(model) around generate"}
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert record["script"] == "analyses/bench_causal.py" and record["config"]

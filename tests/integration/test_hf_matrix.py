@@ -7,6 +7,7 @@ eager twin has identical weights. Expected attention weights always come from th
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import pytest
@@ -519,3 +520,72 @@ def test_scope_that_is_no_grid_in_every_stack(name):
     summary = streamed.tally.summary()
     assert len(summary) == 2 * len(roles(name))
     assert set(zip(summary["layer"], summary["head"], strict=True)) == {(0, 1), (1, 0)}
+
+
+# ------------------------------------------------------------ generation (KV cache)
+CAUSAL = tuple(name for name in NAMES if FAMILIES[name].causal)
+
+
+def _lm_pair(name):
+    """A tiny language model of family ``name`` (SDPA, tracked) and its eager twin."""
+    from tests.integration.causal_lms import causal_lm
+
+    model, _ = causal_lm(name)
+    twin = type(model)(copy.deepcopy(model.config)).eval()
+    twin.load_state_dict(model.state_dict())
+    twin.set_attn_implementation("eager")
+    return model, twin
+
+
+def _generated(model, inputs, sample, **kwargs):
+    torch.manual_seed(7)
+    with torch.no_grad(), attnprobe.capture(model, **kwargs) as cap:
+        out = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=sample,
+                             pad_token_id=0)
+    return cap, out
+
+
+@pytest.mark.parametrize("sample", [False, True])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_capture_around_generate_equals_one_forward(name, sample):
+    """Left-padded batch, KV cache on: one map per sequence over the tokens fed (prompt + 4 of
+    the 5 new ones), equal to the eager twin's forward over that whole sequence; keys after
+    a row's position exactly 0 (Mistral: and before its sliding window)."""
+    model, twin = _lm_pair(name)
+    inputs = make_inputs(name, "left")
+    cap, out = _generated(model, inputs, sample)
+    fed = out[:, :-1]  # the last new token is never fed back
+    mask = torch.cat([inputs["attention_mask"], torch.ones(len(LENGTHS), 4, dtype=torch.long)],
+                     dim=1)
+    expected = eager_weights(twin, {"input_ids": fed, "attention_mask": mask,
+                                    "position_ids": _positions(mask)})
+    maps = by_role(cap.maps, name)
+    assert_maps_match(maps, expected)
+    for n, amap in zip(LENGTHS, maps["self"], strict=True):
+        assert amap.prompt_length == n and amap.shape[2] == n + 4
+        assert amap.key_tokens[-4:] == tuple(str(int(t)) for t in out[LENGTHS.index(n), -5:-1])
+        later = torch.ones(n + 4, n + 4, dtype=torch.bool).triu(1)
+        assert amap.pattern[..., later].abs().max() == 0
+    if name == "mistral":
+        far = torch.ones(13, 13, dtype=torch.bool).tril(-SLIDING_WINDOW)
+        assert maps["self"][0].pattern[..., far].abs().max() == 0
+    assert count_hooks(model) == 0 and implementations(model) == {"sdpa"}
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_streaming_reducers_during_generate_equal_the_folded_maps(name, masked):
+    """Reducers fed step by step (positions counted over the cache, Mistral's window keys
+    placed where they are) sum to the statistics of the folded maps."""
+    model, _ = _lm_pair(name)
+    inputs = make_inputs(name, "left", lengths=LENGTHS if masked else (9, 9, 9))
+    if not masked:
+        del inputs["attention_mask"]
+    kept, out_kept = _generated(model, inputs, sample=False)
+    streamed, out_streamed = _generated(model, inputs, sample=False, keep=False,
+                                        reducers=default_reducers())
+    assert torch.equal(out_kept, out_streamed)
+    a = _summary_sorted(streamed.tally.summary())
+    b = _summary_sorted(summarize(kept.maps))
+    stats = [c for c in b.columns if c not in ("stack", "kind", "layer", "head", "head_id")]
+    assert (a[stats] - b[stats]).abs().max().max() <= 1e-6

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import attnprobe as ap
-from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, compare
+from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, STEP_COLUMNS, compare
 from attnprobe.attribution.method_base import Problem
 from attnprobe.attribution.metrics import METRICS
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
@@ -253,3 +253,92 @@ def test_help_and_table_name_the_same_metrics(tmp_path, capsys):
     assert run(base(tmp_path, "--quiet"), capsys)[0] == 0
     assert tuple(table_of(tmp_path).metric.unique()) == METRICS
     assert "also flow" in help_text  # every registered view is offered
+
+
+# ---------------------------------------------------------------------------- causal models
+@pytest.fixture(scope="module")
+def lm_dirs(tmp_path_factory):
+    """Tiny GPT-2 and LLaMA language models saved with their tokenizers (``--model DIR``)."""
+    from tests.integration.causal_lms import save_lm
+
+    root = tmp_path_factory.mktemp("lms")
+    return {name: save_lm(name, root / name) for name in ("gpt2", "llama")}
+
+
+LM_TEXT = "w5 w6 w7 w8 w9 w10"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_next_token_on_a_saved_decoder_reads_the_last_row_by_default(name, lm_dirs, tmp_path,
+                                                                     capsys):
+    """The issue's first failure: --target next-token on a decoder, no --query."""
+    argv = ["compare", "--model", lm_dirs[name], "--text", LM_TEXT, "--target", "next-token",
+            "--methods", "saliency,leave_one_out", "--views", "raw,rollout", "--quiet",
+            "--out", str(tmp_path / "agreement.csv")]
+    code, printed, err = run(argv, capsys)
+    assert code == 0 and err == ""
+    table = table_of(tmp_path)
+    model, tok = ap.load_model(lm_dirs[name])
+    last = compare(model, tok, [LM_TEXT], "next-token", methods=["saliency", "leave_one_out"],
+                   views=["raw", "rollout"], query="last")
+    pd.testing.assert_series_equal(table.value, last.table.value, check_exact=False, atol=1e-9)
+    # what the views read: the last row of every layer, not the constant first row
+    raw = next(a for a in last.attributions if a.method == "raw@L1")
+    amap = ap.extract(model, tok, [LM_TEXT])[0]
+    assert torch.allclose(raw.scores, amap.pattern[1, :, -1].mean(0).double())
+    assert "1 text, target next-token" in printed
+
+
+def test_next_token_on_ref_induction(tmp_path, capsys):
+    text = "t01 t02 t03 t04 t05 t06 t07 t08 t09 t01 t02 t03"
+    argv = ["compare", "--model", "ref:induction", "--text", text, "--target", "next-token",
+            "--methods", "saliency", "--views", "raw", "--quiet",
+            "--out", str(tmp_path / "agreement.csv")]
+    assert run(argv, capsys)[0] == 0
+    model, tok = ap.load_model("ref:induction")
+    want = compare(model, tok, [text], "next-token", methods=["saliency"], views=["raw"],
+                   query="last")
+    pd.testing.assert_series_equal(table_of(tmp_path).value, want.table.value,
+                                   check_exact=False, atol=1e-9)
+
+
+def test_generate_explains_each_generated_token(tmp_path, capsys):
+    text = "t01 t02 t03 t04 t05 t06 t07 t08 t09 t01 t02"
+    argv = ["compare", "--model", "ref:induction", "--text", text, "--target", "next-token",
+            "--generate", "3", "--methods", "saliency", "--views", "raw", "--quiet",
+            "--out", str(tmp_path / "steps.csv")]
+    code, printed, _ = run(argv, capsys)
+    assert code == 0
+    table = pd.read_csv(tmp_path / "steps.csv", dtype={"example_id": str, "token": str})
+    assert list(table.columns) == list(STEP_COLUMNS)
+    # the induction model continues the repeated segment: t03, t04, t05
+    steps = table.drop_duplicates("step")
+    assert steps[["step", "position", "token"]].values.tolist() == [
+        [1, 12, "t03"], [2, 13, "t04"], [3, 14, "t05"]]
+    model, tok = ap.load_model("ref:induction")
+    want = compare(model, tok, [text], "next-token", generate=3, methods=["saliency"],
+                   views=["raw"])
+    pd.testing.assert_series_equal(table.value, want.table.value, check_exact=False, atol=1e-9)
+    assert "1 text, target next-token: Kendall tau (mean over 3 generated tokens each)" in printed
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--query", "middle"], "query must be one of ['auto', 'cls', 'first', 'last'"),
+    (["--query", "40"], "query row 40 out of range for 4 query tokens"),
+    (["--query", "last", "--text", ""], "text 1 is empty"),
+    (["--generate", "0"], "generate must be a positive integer"),
+    (["--sample"], "--sample needs --generate N"),
+    (["--generate", "2", "--target", "class:1"], "give target 'next-token'"),
+    (["--generate", "2045"], "text 0 has 4 tokens; with generate=2045 the sequence needs 2049"),
+    (["--generate", "2", "--model", "ref:encoder"], "attends both ways (an encoder)"),
+])
+def test_causal_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
+    argv = ["compare", "--model", "ref:induction", "--text", "t01 t02 t03", "--target",
+            "next-token", "--methods", "saliency", "--views", "raw", "--quiet",
+            "--out", str(tmp_path / "agreement.csv"), *args]
+    if "ref:encoder" in args:
+        argv[argv.index("--text") + 1] = "the cat sat"
+    code, printed, err = run(argv, capsys)
+    assert code == 2, err
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert printed == "" and not (tmp_path / "agreement.csv").exists()

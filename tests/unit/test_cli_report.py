@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from attnprobe.cli import main
 
 
@@ -53,3 +55,57 @@ def test_report_from_saved_maps(tmp_path, capsys):
     page = out.read_text(encoding="utf-8")
     assert 'id="sec-attention"' in page and "cat" in page
     assert main(["report", "--maps", str(maps), "--text", "x", "--out", str(out)]) == 2
+
+
+# ---------------------------------------------------------------------------- causal models
+def _comparison_sources(page: str) -> set[str]:
+    """The sources listed in the page's attribution-comparison table."""
+    section = page[page.index('id="sec-comparison"'):]
+    section = section[:section.index("</section>")] if "</section>" in section else section
+    return set(re.findall(r"(raw@L\d|rollout@L\d|integrated_gradients|saliency)", section))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_report_with_next_token_attributions_on_a_saved_decoder(name, tmp_path, capsys):
+    """The issue's second failure: no page with attributions could be built for a decoder."""
+    from tests.integration.causal_lms import save_lm
+
+    folder = save_lm(name, tmp_path / name)
+    out = tmp_path / "report.html"
+    assert main(["report", "--model", folder, "--text", "w5 w6 w7 w8 w9", "--text",
+                 "w10 w11 w12 w13", "--target", "next-token", "--n-steps", "3",
+                 "--out", str(out), "--quiet"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert 'id="sec-comparison"' in page and "kendall_tau" in page
+    assert {"raw@L0", "rollout@L1", "saliency"} <= _comparison_sources(page)
+
+
+def test_report_on_ref_induction_with_generation_marks_the_generated_tokens(tmp_path, capsys):
+    from attnprobe.report.data import read_script_json
+    from attnprobe.report.page import MAPS_ID
+
+    out = tmp_path / "report.html"
+    prompt = "t01 t02 t03 t04 t05 t06 t07 t08 t09 t01 t02"
+    assert main(["report", "--model", "ref:induction", "--text", prompt, "--target",
+                 "next-token", "--generate", "3", "--query", "last", "--n-steps", "3",
+                 "--out", str(out), "--quiet"]) == 0
+    page = out.read_text(encoding="utf-8")
+    (packed,) = read_script_json(page, MAPS_ID)
+    assert packed["prompt_length"] == 12 and len(packed["query_tokens"]) == 15
+    assert packed["query_tokens"][12:] == ["t03", "t04", "t05"]  # the copy continues
+    assert 'class="gen-note"' in page and 'id="sec-comparison"' in page
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--query", "middle"], "query must be one of"),
+    (["--generate", "2", "--model", "ref:encoder", "--text", "the cat"], "attends both ways"),
+    (["--generate", "2", "--target", "class:1"], "give target 'next-token'"),
+    (["--sample"], "--sample needs --generate N"),
+])
+def test_report_causal_errors_are_one_line(args, message, tmp_path, capsys):
+    argv = ["report", "--model", "ref:induction", "--text", "t01 t02 t03",
+            "--out", str(tmp_path / "r.html"), "--quiet", *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()

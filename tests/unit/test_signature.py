@@ -14,7 +14,8 @@ DEFAULTS = {"scope": "all", "batch_size": 16, "truncation": "error", "seed": 0,
 
 
 @pytest.mark.parametrize("fn", [ap.extract, ap.head_stats, ap.heads.census,
-                                ap.attribution.compare, ap.perturb.run],
+                                ap.attribution.compare, ap.perturb.run,
+                                ap.heads.retrieval_scores],
                          ids=lambda fn: fn.__name__)
 def test_corpus_analyses_share_names_kinds_and_defaults(fn):
     params = inspect.signature(fn).parameters

@@ -2,7 +2,9 @@
    Reads the maps from the JSON element #ap-maps, decodes each map's
    base64 uint8 weights (weight = byte / 255) and draws the chosen sentence / layer / head as
    two token columns joined by lines whose opacity is the weight. Hovering a query token (left)
-   shows its row; hovering a key token (right) shows its column. Text is set with textContent,
+   shows its row; hovering a key token (right) shows its column. Tokens at or after a map's
+   prompt_length were generated: they are set in italics with a dotted underline (and a
+   tooltip), and the sentence menu says how many. Text is set with textContent,
    never parsed as HTML, and bidirectional control characters are shown as U+202E the way
    attnprobe/report/text.py shows them in the rest of the page. */
 (function(){
@@ -23,15 +25,23 @@
   var sSel=root.querySelector(".sel-sentence"),lSel=root.querySelector(".sel-layer"),
       hSel=root.querySelector(".sel-head"),left=root.querySelector(".left"),
       right=root.querySelector(".right"),svg=root.querySelector("svg.lines");
-  opt(sSel,maps.map(function(m,i){return [i,m.id];}));
+  function generated(m){return m.prompt_length===null||m.prompt_length===undefined?0:
+    m.query_tokens.length-m.prompt_length;}
+  function isGen(m,i){return generated(m)>0&&i>=m.prompt_length;}
+  opt(sSel,maps.map(function(m,i){var g=generated(m);
+    return [i,g?m.id+" (+"+g+" generated)":m.id];}));
+  if(maps.some(function(m){return generated(m)>0;}))
+    root.querySelector(".gen-note").hidden=false;
   function fillAxes(){var m=maps[+sSel.value];
     opt(lSel,m.layers.map(function(l,i){return [i,"layer "+l];}));
     opt(hSel,m.heads.map(function(h,i){return [i,"head "+h];}));}
   function weights(){var i=+sSel.value,m=maps[i],Q=m.shape[2],K=m.shape[3];
     var off=((+lSel.value)*m.shape[1]+(+hSel.value))*Q*K;
     return {a:bytes(i),off:off,Q:Q,K:K,m:m};}
-  function col(parent,toks,side){parent.textContent="";toks.forEach(function(t,i){
+  function col(parent,toks,side,m){parent.textContent="";toks.forEach(function(t,i){
     var d=document.createElement("div");d.className="tok";d.textContent=show(t);d.dataset.i=i;
+    if(isGen(m,i)&&(side==="q"||m.kind==="self")){d.classList.add("gen");d.style.fontStyle="italic";
+      d.style.textDecoration="underline dotted";d.title="generated";}
     d.addEventListener("mouseenter",function(){draw(side,i);});
     d.addEventListener("mouseleave",function(){draw(null,-1);});
     parent.appendChild(d);});}
@@ -57,8 +67,8 @@
         ln.appendChild(t);svg.appendChild(ln);}}
     if(side==="q")lt[idx].style.background="#ddd";
     if(side==="k")rt[idx].style.background="#ddd";}
-  function render(){var m=maps[+sSel.value];col(left,m.query_tokens,"q");
-    col(right,m.key_tokens,"k");svg.setAttribute("width",W);draw(null,-1);}
+  function render(){var m=maps[+sSel.value];col(left,m.query_tokens,"q",m);
+    col(right,m.key_tokens,"k",m);svg.setAttribute("width",W);draw(null,-1);}
   sSel.addEventListener("change",function(){fillAxes();render();});
   lSel.addEventListener("change",render);hSel.addEventListener("change",render);
   fillAxes();render();

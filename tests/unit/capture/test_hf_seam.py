@@ -79,10 +79,11 @@ def test_a_real_query_row_with_no_open_key_is_an_error():
     allowed[0, 0, 2] = False  # query 2 may attend to nothing
     allowed[0, 0, 1, 2] = False  # query 1 sees two keys
     additive = _additive_rows(allowed, slice(0, 3), 3, 3, False, torch.float32, "cpu")
-    visible = _visible_keys(additive, torch.tensor([[True, True, False]]), 3, 3, site)
+    # which rows are real is asked for (a callable) only when some row has no open key
+    visible = _visible_keys(additive, lambda: torch.tensor([[True, True, False]]), 3, 3, site)
     assert visible.tolist() == [[3, 2, 0]]  # the padding row 2: fine, nothing visible
     with pytest.raises(ap.InputError, match=r"query 2 of example 0 at layers\.0\.attn"):
-        _visible_keys(additive, torch.tensor([[True, True, True]]), 3, 3, site)
+        _visible_keys(additive, lambda: torch.tensor([[True, True, True]]), 3, 3, site)
     causal = _additive_rows(None, slice(1, 3), 3, 3, True, torch.float32, "cpu")
     assert causal.shape == (1, 1, 2, 3)
     assert torch.equal(causal[0, 0] == 0, torch.tensor([[True, True, False], [True, True, True]]))
@@ -111,7 +112,7 @@ def test_training_mode_captures_weights_before_dropout():
     assert not torch.allclose(out_a, out_b) and not torch.allclose(out_b, out_c)  # dropout ran
 
 
-def test_generate_with_a_kv_cache_strips_padding_at_every_step():
+def test_generate_with_a_kv_cache_gives_one_padding_free_map_per_sequence():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(vocab_size=60, n_embd=16, n_layer=2, n_head=2, n_positions=32,
@@ -121,12 +122,16 @@ def test_generate_with_a_kv_cache_strips_padding_at_every_step():
     ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])  # left padded
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     with torch.no_grad(), ap.capture(model) as cap:
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
-    prefill, step = cap.maps[1], cap.maps[3]  # second example, first and second forward
-    assert prefill.shape[-2:] == (2, 2) and prefill.key_tokens == ("9", "10")
-    assert step.shape[-2:] == (1, 3)  # one new query over 2 prompt tokens + itself
-    assert step.key_tokens[:2] == ("9", "10")
-    assert torch.allclose(step.pattern.sum(-1), torch.ones(1))
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2,
+                             do_sample=False)
+    # the prompt forward and one cached step (the second new token is never fed back)
+    assert len(cap.maps) == 2
+    second = cap.maps[1]
+    assert second.shape[-2:] == (3, 3) and second.prompt_length == 2
+    assert second.key_tokens == ("9", "10", str(int(out[1, 4])))
+    assert second.generated == (False, False, True)
+    assert second.pattern[:, :, 0, 1:].abs().max() == 0  # causal: later keys exactly 0
+    assert torch.allclose(second.pattern.sum(-1), torch.ones(()))
 
 
 def test_stop_early_ends_the_forward_after_the_last_requested_layer(bert):

@@ -291,3 +291,39 @@ def test_ctrl_c_inside_a_hook_point_forward_removes_the_hooks():
     with ap.capture(model) as cap:  # and the model captures normally afterwards
         model(**inputs)
     assert len(cap.maps) == 1
+
+
+def test_threads_generating_at_once_each_get_their_own_sequence():
+    """Two threads run ``generate`` on one model inside their own captures, steps
+    interleaved: each capture folds only its own steps, into its own map."""
+    from tests.integration.causal_lms import causal_lm
+
+    model, _ = causal_lm("gpt2")
+    prompts = {"a": torch.tensor([[5, 6, 7, 8]]), "b": torch.tensor([[40, 41]])}
+    turn = threading.Barrier(2, timeout=WAIT)
+    seen = {}
+
+    def step_in_turn(module, args, kwargs):  # the two threads take turns step by step
+        turn.wait()
+
+    def generate(name):
+        def run():
+            with torch.no_grad(), ap.capture(model) as cap:
+                out = model.generate(input_ids=prompts[name], max_new_tokens=4,
+                                     min_new_tokens=4, do_sample=False, pad_token_id=0)
+            seen[name] = (cap.maps, out)
+        return run
+
+    handle = model.register_forward_pre_hook(step_in_turn, with_kwargs=True)
+    try:
+        assert _run(generate("a"), generate("b")) == []
+    finally:
+        handle.remove()
+    for name, prompt in prompts.items():
+        maps, out = seen[name]
+        with torch.no_grad(), ap.capture(model) as alone:
+            model(input_ids=out[:, :-1])
+        assert len(maps) == 1 and maps[0].prompt_length == prompt.shape[1]
+        assert maps[0].shape == alone.maps[0].shape
+        assert (maps[0].pattern - alone.maps[0].pattern).abs().max() <= 1e-6
+    assert count_hooks(model) == 0 and implementations(model) == {"sdpa"}

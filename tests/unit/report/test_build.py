@@ -28,10 +28,11 @@ def classified(layers=2, heads=3):
     rows = []
     for layer in range(layers):
         for head in range(heads):
-            prev = 0.9 if head == 0 else 0.1
+            prev = {0: 0.9, 1: 0.1}.get(head, 0.05)
             rows.append({"stack": "encoder", "kind": "self", "layer": layer, "head": head,
                          "head_id": f"L{layer}H{head}", "prev": prev, "self": 0.1,
-                         "next": 0.1, "entropy_norm": 0.5 + 0.1 * head, "max_weight": 0.4})
+                         "next": 0.1, "entropy_norm": 0.5 + 0.1 * head, "max_weight": 0.4,
+                         "prev_nosink": prev, "sink": 0.7 if head == 2 else 0.0})
     return classify_scores(pd.DataFrame(rows))
 
 
@@ -148,6 +149,26 @@ def test_head_grid_has_one_cell_per_head_with_label_tooltip():
         assert tip.startswith(f"{head}: {labels[head]}")
         assert "prev=" in tip
     assert svg.colour(labels["L0H0"]) in grid
+
+
+def test_head_grid_legend_and_label_table_group_labels_by_family():
+    table = classified(2, 3)  # per layer: head 0 previous, head 1 heterogeneous, head 2 sink
+    assert list(table["label"]) == ["previous", "heterogeneous", "sink"] * 2
+    grid = svg.head_grid(table)
+    texts = re.findall(r'<text[^>]*?( font-weight="bold")?>([^<]*)</text>', grid)
+    legend = [(bool(bold), text) for bold, text in texts if "(" in text]
+    assert legend == [(True, "local (2)"), (False, "previous (2)"), (True, "sink (2)"),
+                      (False, "sink (2)"), (True, "heterogeneous (2)"),
+                      (False, "heterogeneous (2)")]
+    html = build(census=table, info=INFO).html
+    start = html.index('<section id="sec-heads">')
+    section = html[start:html.index("</section>", start)]
+    rows = re.findall(r"<tr>(.*?)</tr>", section, flags=re.S)
+    cells = [found for row in rows if (found := re.findall(r"<td>(.*?)</td>", row))]
+    assert cells == [["local", "2", "previous", "2", "0.3333", "0,1", "L0H0, L1H0"],
+                     ["sink", "2", "sink", "2", "0.3333", "0,1", "L0H2, L1H2"],
+                     ["heterogeneous", "2", "heterogeneous", "2", "0.3333", "0,1",
+                      "L0H1, L1H1"]]
 
 
 def test_palette_covers_every_label():
