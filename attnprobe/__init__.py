@@ -1,9 +1,9 @@
 """attnprobe: capture, analyse, perturb and report attention heads of any PyTorch model.
 
 ``import attnprobe`` needs only torch, numpy and pandas: transformers, captum, spaCy and
-matplotlib are imported when a function needs them, and the ``attribution``, ``perturb`` and
-``report`` packages load on first use (``ap.perturb.run``), so that importing attnprobe stays
-light. ``dir(attnprobe)`` lists every entry point.
+matplotlib are imported when a function needs them, and the ``attribution``, ``perturb``,
+``plot`` and ``report`` packages load on first use (``ap.perturb.run``), so that importing
+attnprobe stays light. ``dir(attnprobe)`` lists every entry point.
 """
 
 from importlib import import_module
@@ -33,7 +33,7 @@ from attnprobe.types import (
 )
 
 # Sub-packages loaded on first use (a light `import attnprobe`, not a way around a cycle).
-_ON_USE = ("attribution", "perturb", "report")
+_ON_USE = ("attribution", "perturb", "plot", "report")
 
 __all__ = [
     "AttentionMap",
@@ -60,6 +60,7 @@ __all__ = [
     "load_maps",
     "load_model",
     "perturb",
+    "plot",
     "report",
     "save_maps",
 ]

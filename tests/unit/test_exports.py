@@ -16,7 +16,7 @@ import pytest
 import attnprobe as ap
 
 PACKAGES = ("attnprobe.attribution", "attnprobe.perturb", "attnprobe.heads",
-            "attnprobe.capture", "attnprobe.report")
+            "attnprobe.capture", "attnprobe.report", "attnprobe.plot")
 
 
 def submodules(package: types.ModuleType) -> set[str]:
@@ -50,12 +50,12 @@ def test_compare_and_run_are_functions_on_repeated_use():
 def test_dir_lists_every_entry_point_and_on_use_packages_load_lazily():
     listed = set(dir(ap))
     for name in ("load_model", "extract", "capture", "head_stats", "perturb", "attribution",
-                 "report", "heads", "Scope", "save_maps", "load_maps", "__version__"):
+                 "report", "plot", "heads", "Scope", "save_maps", "load_maps", "__version__"):
         assert name in listed, name
     assert set(ap.__all__) <= listed
     code = ("import sys, attnprobe as ap; d = dir(ap); "
             "print([m for m in ('attnprobe.perturb', 'attnprobe.attribution', "
-            "'attnprobe.report') if m in sys.modules])")
+            "'attnprobe.report', 'attnprobe.plot', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"

@@ -1,0 +1,84 @@
+"""Syntax alignment as a figure: the best head's accuracy per dependency relation next to the
+best fixed-offset baseline (:func:`syntax_accuracy`, Clark et al. 2019, Table 1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attnprobe.errors import InputError
+from attnprobe.plot.common import axes_for, check_table, done, label_colours, table_from
+
+__all__ = ["BASELINE_COLOUR", "syntax_accuracy"]
+
+BASELINE_COLOUR = "#b0b0b0"
+
+
+def _offset_text(offset: object) -> str:
+    try:
+        value = int(offset)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return ""
+    return f"{value:+d}" if value else "0"
+
+
+def syntax_accuracy(census: Any, *, min_count: int = 20, relations: list[str] | None = None,
+                    ax: Any = None) -> Any:
+    """Per dependency relation, two bars: the accuracy of the best head (coloured as the
+    ``syntactic`` label, named ``L{layer}H{head}`` above it) and the accuracy of the best fixed
+    offset (grey, the offset above it). A head that beats its baseline by a wide margin
+    tracks the relation rather than a position.
+
+    Args:
+        census: a :class:`~attnprobe.heads.Census` with syntax, or its ``syntax()`` table
+            (``relation``, ``count``, ``accuracy``, ``baseline``; ``head_id``,
+            ``baseline_offset`` and ``direction`` are shown when present).
+        min_count: relations seen fewer times are left out (default 20, as the labels use).
+        relations: plot only these relations, in this order (default: the table's order).
+        ax: draw into this matplotlib Axes (and return it) instead of a new Figure.
+
+    Returns:
+        A matplotlib ``Figure`` (or ``ax``): two ``BarContainer`` s, ``head`` then
+        ``baseline``, one bar per relation; x tick labels ``relation`` and ``n=count``.
+    """
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise InputError(f"min_count must be an integer >= 1; got {min_count!r}")
+    table = table_from(census, "syntax", "a Census with syntax",
+                       call=lambda c: c.syntax(min_count))
+    check_table(table, ("relation", "count", "accuracy", "baseline"), "syntax table")
+    table = table[table["count"] >= min_count]
+    if relations is not None:
+        missing = [r for r in relations if r not in set(table["relation"])]
+        if missing:
+            raise InputError(f"syntax table has no relation {missing} with at least "
+                             f"{min_count} arcs")
+        table = pd.concat([table[table["relation"] == r] for r in relations])
+    if table.empty:
+        raise InputError(f"no relation has at least {min_count} arcs; lower min_count")
+    repeated = table["relation"].duplicated(keep=False)
+    names = [f"{r} {d}" if rep and "direction" in table.columns else str(r)
+             for r, rep, d in zip(table["relation"], repeated,
+                                  table.get("direction", table["relation"]), strict=True)]
+    x = np.arange(len(table))
+    fig, axes = axes_for(ax, 2.0 + 0.8 * len(table), 3.8)
+    head_colour = label_colours(["syntactic"])["syntactic"]
+    heads = axes.bar(x - 0.2, table["accuracy"].astype(float), width=0.4, color=head_colour,
+                     label="best head")
+    base = axes.bar(x + 0.2, table["baseline"].astype(float), width=0.4,
+                    color=BASELINE_COLOUR, label="best fixed offset")
+    if "head_id" in table.columns:
+        axes.bar_label(heads, labels=table["head_id"].astype(str).tolist(), fontsize=6,
+                       padding=1)
+    if "baseline_offset" in table.columns:
+        axes.bar_label(base, labels=[_offset_text(o) for o in table["baseline_offset"]],
+                       fontsize=6, padding=1)
+    axes.set_xticks(x, labels=[f"{name}\nn={int(n)}" for name, n in
+                               zip(names, table["count"], strict=True)], parse_math=False)
+    axes.tick_params(axis="x", labelsize=7)
+    axes.set_ylim(0, 1.1)
+    axes.set_ylabel("accuracy (fraction of words)")
+    axes.set_xlabel("dependency relation (arcs)")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return done(fig, axes, ax)

@@ -1,0 +1,37 @@
+"""attnprobe.plot imports matplotlib and seaborn only when a figure is drawn, and a missing
+extra is an error naming attnprobe[report]."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import attnprobe.plot as plot
+from attnprobe.errors import MissingExtraError
+
+
+def test_importing_the_package_imports_no_plotting_library():
+    code = ("import sys, attnprobe, attnprobe.plot; "
+            "print([m for m in ('matplotlib', 'seaborn') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_entry_point_is_exported():
+    assert sorted(plot.__all__) == sorted(
+        ["agreement_by_layer", "attention_head", "head_clusters", "head_effects", "head_grid",
+         "layer_profile", "model_view", "offset_profile", "pruning_curve", "syntax_accuracy",
+         "token_heat"])
+    assert all(callable(getattr(plot, name)) for name in plot.__all__)
+
+
+@pytest.mark.parametrize("missing", ["matplotlib.figure", "seaborn"])
+def test_a_missing_plotting_library_names_the_report_extra(monkeypatch, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # import now fails
+    table = pd.DataFrame({"layer": [0], "head": [0], "offset": [0], "mass": [1.0]})
+    with pytest.raises(MissingExtraError, match=r"attnprobe\[report\]"):
+        plot.offset_profile(table)
