@@ -19,6 +19,7 @@ from attnprobe.commands.common import (
 )
 from attnprobe.core.scope import SCOPE_FORMS
 from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.perturb.job import SWEEPS
 from attnprobe.perturb.params import CliOption, cli_options
 
 PERTURB_EXAMPLE = """examples:
@@ -26,6 +27,8 @@ PERTURB_EXAMPLE = """examples:
       --experiment permute --permutations 100 --out permute.csv
   attnprobe perturb --model minilm --text-file s.txt --experiment uniform --scope layer:3 \\
       --out uniform.csv
+  attnprobe perturb --model minilm --text-file s.txt --experiment ablate --sweep head \\
+      --out ablate_each_head.csv
   attnprobe perturb --model ref:transformer-classifier --text-file s.txt --experiment erase \\
       --max-erased 3 --out erase.csv
   attnprobe perturb --model ref:bilstm-classifier --text-file s.txt --experiment adversarial \\
@@ -39,10 +42,13 @@ erase (Serrano & Smith: keys erased by attention, Integrated Gradients and rando
 adversarial (Jain & Wallace: the most different attention within TVD eps), importance
 (Michel et al.: head importance and the pruning curve).
 Scopes: {scopes}; a repeated --scope merges.
+--sweep head (uniform, ablate, mean) perturbs every head of the scope alone, batched: one row
+per head, text and metric, the rows of one run per head; --sweep layer does each layer's
+scoped heads together. --batch-size then counts texts x heads per forward.
 Each experiment's own options are the flags whose help names it; a flag of another experiment
 is an error. Under torchrun, --distributed splits the texts over the processes (same table).
-Writes one row per text, perturbation and metric: experiment, perturbation, params, scope,
-example_id, step, metric, baseline, perturbed, change.
+Writes one row per text, perturbation and metric: experiment, perturbation, scope, layer,
+head, example_id, step, metric, baseline, perturbed, change, then one column per parameter.
 """
 
 
@@ -88,11 +94,29 @@ def _keywords(args: argparse.Namespace) -> dict[str, Any]:
     return keywords
 
 
+MAIN_METRICS = ("tvd", "cosine_distance")  # the metric a head grid shows, first one present
+
+
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     """Median ``change`` (and the number of rows) per perturbation, scope, step and metric."""
     keys = ["perturbation", "scope", "step", "metric"]
     grouped = table.groupby(keys, sort=False, dropna=False)["change"]
     return grouped.agg(median_change="median", rows="size").reset_index()
+
+
+def head_grid(table: pd.DataFrame) -> tuple[str, pd.DataFrame] | None:
+    """For a table whose rows are each about one head, of several (a head sweep): the metric and
+    its median ``change`` over the texts per head, layers as rows and heads as columns;
+    ``None`` for other tables."""
+    if table["head"].isna().any() or len(table[["layer", "head"]].drop_duplicates()) < 2:
+        return None
+    metric = next((m for m in MAIN_METRICS if m in set(table["metric"])),
+                  table["metric"].iloc[0])
+    chosen = table[table["metric"] == metric]
+    grid = chosen.pivot_table(index="layer", columns="head", values="change",
+                              aggfunc="median")
+    grid.index.name, grid.columns.name = "layer", "head"
+    return metric, grid
 
 
 def cmd_perturb(args: argparse.Namespace) -> int:
@@ -107,17 +131,25 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     with distributed_group(args.distributed) as (rank, world):
         table = run(model, tokenizer, texts, args.experiment, output=args.output,
                     target=args.target, max_length=args.max_length, distributed=world > 1,
-                    **options, **keywords)
+                    sweep=args.sweep, **options, **keywords)
         if rank != 0:
             return 0
     write_table(table, out)
     wrote(args, f"{len(table)} rows", out)
-    print(f"{len(texts)} texts, experiment {args.experiment}, scope {options['scope']}: "
-          "median change per perturbation and metric")
-    shown = summary(table)
-    with pd.option_context("display.width", 120, "display.max_rows", 40,
-                           "display.float_format", "{:.4g}".format):
-        print(shown.to_string(index=False, max_rows=40))
+    grid = head_grid(table)
+    with pd.option_context("display.width", 160, "display.max_rows", 40,
+                           "display.float_format", "{:.3g}".format):
+        if grid is None:
+            print(f"{len(texts)} texts, experiment {args.experiment}, scope "
+                  f"{options['scope']}: median change per perturbation and metric")
+            print(summary(table).to_string(index=False, max_rows=40))
+            return 0
+        metric, shown = grid
+        others = [m for m in dict.fromkeys(table["metric"]) if m != metric]
+        print(f"{len(texts)} texts, experiment {args.experiment}, scope {options['scope']}, "
+              f"each head alone: median {metric} change per head")
+        print(f"(rows: layers, columns: heads; {', '.join(others)} are in the table)")
+        print(shown.to_string(max_rows=40))
     return 0
 
 
@@ -130,6 +162,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--experiment", required=True, type=_experiment,
                         help="permute, dirichlet, uniform, ablate, mean, erase, adversarial or "
                              "importance")
+    parser.add_argument("--sweep", choices=SWEEPS,
+                        help="uniform/ablate/mean: perturb each head (or each layer's scoped "
+                             "heads) of the scope alone, batched; one row per head and text")
     parser.add_argument("--output", default="auto",
                         choices=["auto", "classifier", "lm", "embedding"],
                         help="what is compared: classifier probabilities, the next-token "

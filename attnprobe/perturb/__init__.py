@@ -10,8 +10,11 @@ restores the model and verifies it took effect), ``measures`` (output and attent
 Experiments (:func:`run`, tidy tables; ``experiments`` documents them all): each is one
 function and one parameter dataclass (``params``) registered together (``job``, which also
 holds what they share); they live in ``draws`` (permute, dirichlet), ``edits`` (uniform,
-ablate, mean), ``searches`` (erase, adversarial) and ``pruning`` (importance). ``readout``
-reads and compares the model's outputs, ``budget`` estimates memory before the first forward.
+ablate, mean), ``searches`` (erase, adversarial) and ``pruning`` (importance); ``sweeps``
+runs uniform / ablate / mean on each head alone, batched (``run(..., sweep="head")``), and
+``table`` makes the tidy table (:data:`RUN_COLUMNS`, then one column per parameter).
+``readout`` reads and compares the model's outputs, ``budget`` estimates memory before the
+first forward.
 Which heads an intervention touches is a :class:`~attnprobe.core.scope.Scope`.
 """
 
@@ -20,7 +23,7 @@ from attnprobe.core.scope import Scope
 from attnprobe.perturb.adversarial import AdversarialResult, adversarial_attention
 from attnprobe.perturb.context import head_output_means, perturbed
 from attnprobe.perturb.draws import DirichletParams, PermuteParams
-from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, params_of, run
+from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, SWEEPS, params_of, run
 from attnprobe.perturb.importance import head_importance, pruning_curve, similarity_loss
 from attnprobe.perturb.interventions import (
     INTERVENTIONS,
@@ -48,9 +51,10 @@ from attnprobe.perturb.pruning import ImportanceParams
 from attnprobe.perturb.searches import AdversarialParams, EraseParams
 
 __all__ = [
-    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "AdversarialParams", "AdversarialResult",
-    "Dirichlet", "DirichletParams", "Erase", "EraseParams", "ImportanceParams", "Mean", "Params",
-    "Permute", "PermuteParams", "Scope", "Uniform", "Zero", "adversarial_attention",
+    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "SWEEPS", "AdversarialParams",
+    "AdversarialResult", "Dirichlet", "DirichletParams", "Erase", "EraseParams",
+    "ImportanceParams", "Mean", "Params", "Permute", "PermuteParams", "Scope", "Uniform", "Zero",
+    "adversarial_attention",
     "attention_jsd", "attention_sizes", "cosine_distance", "decision_flip", "describe",
     "head_importance", "head_output_means", "jsd", "logit_change", "make_intervention",
     "output_change", "params_of", "perturbed", "prob_change", "pruning_curve", "run",

@@ -3,6 +3,10 @@
 over the same texts). Texts run ``batch_size`` per forward; one row per text and metric.
 None of them takes options of its own (their parameter class is the empty
 :class:`~attnprobe.perturb.params.Params`).
+
+Each also runs as a sweep (``run(..., sweep="head")`` or ``"layer"``): every head (layer) of
+the scope perturbed alone, batched as :mod:`attnprobe.perturb.sweeps` describes; one row per
+head (layer), text and metric.
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from attnprobe.perturb.job import (
     rows_of,
 )
 from attnprobe.perturb.readout import measure
+from attnprobe.perturb.sweeps import sweep_rows
 
 __all__: list[str] = []  # the experiments are reached through run()
 
 
 def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
     """``intervention`` on every text, ``batch_size`` texts per forward (the batches are the
-    units split over processes, so a split run pads exactly as one process does)."""
-    scope = str(job.scope)
+    units split over processes, so a split run pads exactly as one process does); with
+    ``job.sweep``, on each head (layer) of the scope alone."""
+    if job.sweep:
+        return sweep_rows(job, intervention, params)
+    scope = job.scope
 
     def batch(span: slice) -> list[Row]:
         ids = job.ids[span]
@@ -47,19 +55,19 @@ def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
     return [row for part in parts for row in part]
 
 
-@register_experiment("uniform")
+@register_experiment("uniform", sweeps=True)
 def _uniform(job: Job) -> list[Row]:
     """Uniform weights over the valid keys of every scoped row."""
     return _one_shot(job, Uniform(), job.record())
 
 
-@register_experiment("ablate")
+@register_experiment("ablate", sweeps=True)
 def _ablate(job: Job) -> list[Row]:
     """Zero-ablation: the scoped heads contribute nothing."""
     return _one_shot(job, Zero(), job.record())
 
 
-@register_experiment("mean")
+@register_experiment("mean", sweeps=True)
 def _mean(job: Job) -> list[Row]:
     """Mean-ablation with each head's mean output over the same texts (summed over every
     process before use, when split)."""

@@ -3,8 +3,8 @@
 Every experiment is one function and one parameter dataclass registered together in
 :data:`EXPERIMENTS` (:func:`~attnprobe.perturb.job.register_experiment`); the dataclass is
 the one place its options live: it checks them in :func:`run`, makes the flags of
-``attnprobe perturb`` and fills the ``params`` column. Every experiment returns the columns
-:data:`RUN_COLUMNS`, so tables concatenate over experiments, models and runs:
+``attnprobe perturb`` and fills the parameter columns. Every experiment returns the columns
+:data:`RUN_COLUMNS` first, so tables concatenate over experiments, models and runs:
 
 ===============  ===========================================================================
 experiment       what it does (``perturbation`` column); its options (default)
@@ -15,11 +15,13 @@ experiment       what it does (``perturbation`` column); its options (default)
                  ``max_attention`` (``permute``)
 ``dirichlet``    Wiegreffe & Pinter's random baseline: the same with ``n_draws`` (100)
                  re-draws of every scoped row from Dirichlet(``alpha``) (1.0) (``dirichlet``)
-``uniform``      Kovaleva / W&P: uniform weights over the valid keys of the scope; no options
-``ablate``       Michel et al.: the scoped heads' weights zeroed, their output is 0 (``zero``)
+``uniform``      Kovaleva / W&P: uniform weights over the valid keys of the scope; no options;
+                 ``sweep="head"``: each head alone
+``ablate``       Michel et al.: the scoped heads' weights zeroed, their output is 0 (``zero``);
+                 ``sweep="head"``: each head alone
 ``mean``         mean-ablation: the scoped heads' outputs replaced by their mean output over
                  the same ``texts`` (:func:`~attnprobe.perturb.head_output_means`; transformers
-                 models only) (``mean``)
+                 models only) (``mean``); ``sweep="head"``: each head alone
 ``erase``        Serrano & Smith: keys erased in every scoped row, one more per step, in the
                  orders ``rankings`` (attention received, Integrated Gradients with
                  ``n_steps`` (50), random; any attribution method); the change after erasing
@@ -35,18 +37,27 @@ experiment       what it does (``perturbation`` column); its options (default)
 
 **Shared options** (keywords of :func:`run`, the same for every experiment): ``scope``,
 ``batch_size`` (rows per forward, default 16: texts for uniform / ablate / mean / importance,
-draws of one text for permute / dirichlet, erasure steps of one text for erase), ``truncation``,
-``seed``, ``progress``, ``output``, ``target`` and ``distributed``.
+texts × heads for their sweeps, draws of one text for permute / dirichlet, erasure steps of one
+text for erase), ``truncation``, ``seed``, ``progress``, ``output``, ``target``,
+``distributed`` and ``sweep`` (below).
 
-**Columns.** ``experiment``, ``perturbation``, ``params`` (the experiment's options, the seed
-when it draws, and what is particular to the row, as a JSON object), ``scope`` (``"all"``,
-``"layers:3"``, ``"heads:3.5"``; the scope the row's perturbation acted on), ``example_id``
-(the text's index in the caller's list, as a string; ``"all"`` for rows about the whole
-corpus), ``step`` (keys erased by ``erase``, heads pruned by ``importance``; ``<NA>`` for
-experiments without steps), ``metric``, ``baseline`` (the metric without the perturbation),
-``perturbed`` (with it) and ``change = perturbed − baseline``. Distances and scores of the
-perturbation itself (``tvd``, ``jsd``, ``flip``, ``cosine_distance``, ``importance`` ...)
-have ``baseline = 0``, so ``change == perturbed``.
+**Columns** (:mod:`attnprobe.perturb.table` documents each): :data:`RUN_COLUMNS` —
+``experiment``, ``perturbation``, ``scope`` (the heads the row's perturbation acted on),
+``layer`` and ``head`` (integers when it acted on one layer / one head, else ``<NA>``),
+``example_id`` (the text's index in the caller's list, as a string; ``"all"`` for rows about
+the whole corpus), ``step`` (keys erased by ``erase``, heads pruned by ``importance``;
+``<NA>`` for experiments without steps), ``metric``, ``baseline`` (the metric without the
+perturbation), ``perturbed`` (with it) and ``change = perturbed − baseline`` — then one
+column per parameter: the experiment's options, the seed when it draws, and what is
+particular to the row. Distances and scores of the perturbation itself (``tvd``, ``jsd``,
+``flip``, ``cosine_distance``, ``importance`` ...) have ``baseline = 0``, so
+``change == perturbed``.
+
+**Sweeps** (``sweep="head"`` or ``"layer"``; ``uniform``, ``ablate`` and ``mean``): every
+head (every layer's scoped heads) of ``scope`` perturbed *alone*, the text batch repeated once
+per head in one forward (:mod:`attnprobe.perturb.sweeps`); one row per head, text and metric,
+equal to the rows of a run with ``scope="head:L.H"`` up to float rounding.
+``batch_size`` is then the rows of a forward (texts × heads).
 
 **Outputs** (``output=``): ``"classifier"``, ``"lm"``, ``"embedding"`` or ``"auto"``; what each
 reads and which metrics it reports is in :mod:`attnprobe.perturb.readout`.
@@ -75,7 +86,6 @@ single-process table on every rank; corpus quantities (``mean``'s head means,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -85,7 +95,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
-from attnprobe.capture.info import model_scope
+from attnprobe.capture.info import attention_sizes, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
@@ -100,13 +110,24 @@ from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.perturb import draws, edits, pruning, searches  # noqa: F401  register them all
-from attnprobe.perturb.budget import check_budget
+from attnprobe.perturb.budget import Footprint, check_budget
 from attnprobe.perturb.interventions import INTERVENTIONS
-from attnprobe.perturb.job import CORPUS, EXPERIMENTS, RUN_COLUMNS, Experiment, Job, named_errors
+from attnprobe.perturb.job import (
+    CORPUS,
+    EXPERIMENTS,
+    RUN_COLUMNS,
+    SWEEPS,
+    Experiment,
+    Job,
+    named_errors,
+)
 from attnprobe.perturb.params import Params, option_flag
 from attnprobe.perturb.readout import OUTPUTS, OutputChoice, Reader, pick_reader
+from attnprobe.perturb.sweeps import forward_rows, sweep_units
+from attnprobe.perturb.table import tidy
 
-__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "Experiment", "params_of", "run"]
+__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SWEEPS", "Experiment",
+           "params_of", "run"]
 
 # the experiment that applies each intervention, for the message when one is named instead
 _APPLIED_BY = {"zero": "ablate"}
@@ -151,11 +172,24 @@ def _check_model(model: Any, output: Any) -> None:
                          "call model.eval()")
 
 
+def _check_sweep(spec: Experiment, sweep: Any) -> None:
+    if sweep is None:
+        return
+    if sweep not in SWEEPS:
+        raise InputError(f"unknown sweep {sweep!r}; choose one of "
+                         f"{', '.join(map(repr, SWEEPS))} (or None)")
+    if not spec.sweeps:
+        takes = [name for name in EXPERIMENTS.names() if EXPERIMENTS.get(name).sweeps]
+        raise InputError(f"sweep={sweep!r} runs {', '.join(takes)} one {sweep} at a time; "
+                         f"{spec.name!r} does not sweep (give it a scope instead)")
+
+
 def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
         scope: str | Scope = "all", batch_size: int = DEFAULT_BATCH_SIZE,
         truncation: Truncation = "error", seed: int = 0, progress: bool = False,
         output: OutputChoice = "auto", target: Any = None, max_length: int | None = None,
-        distributed: bool | None = None, **options: Any) -> pd.DataFrame:
+        distributed: bool | None = None, sweep: str | None = None,
+        **options: Any) -> pd.DataFrame:
     """Run one perturbation experiment over ``texts`` and return a tidy table.
 
     Args:
@@ -166,6 +200,10 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         scope: which heads are perturbed, in the scope language (``"all"``, ``"layer:3"``,
             ``"heads:0.2,1.8"``, ``"L3H5"`` ...) or a :class:`~attnprobe.core.scope.Scope`.
         batch_size: rows per forward (default 16; module docstring).
+        sweep: ``"head"``: each head of ``scope`` perturbed alone, one row per head, text
+            and metric; ``"layer"``: each layer's scoped heads together (``uniform``,
+            ``ablate``, ``mean``; batched, module docstring). Default: the whole scope at
+            once.
         truncation: ``"error"`` (default), ``"cut"`` or ``"skip"`` for texts longer than the
             model allows (skipped texts keep their index out of ``example_id``).
         seed: seeds every random choice (permutations, draws, the random erasure order,
@@ -193,8 +231,9 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
 
     Raises:
         InputError: unknown experiment, an option the experiment does not take or out of
-            its bounds, empty texts, a bad scope or one out of range, a model in training
-            mode, an output the model does not give, a run beyond the memory budget.
+            its bounds, a sweep the experiment does not run, empty texts, a bad scope or one
+            out of range, a model in training mode, an output the model does not give, a run
+            beyond the memory budget.
         AttentionUnavailableError / HookNotFiredError: the model's attention cannot be
             reached through the capture seam (the experiment and example are named).
         EditNotAppliedError: a deterministic perturbation changed no weight (not raised by
@@ -205,9 +244,12 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         >>> table = ap.perturb.run(model, tok, ["the cat sat on the red mat"], "permute",
         ...                        n_permutations=20)
         >>> table.pivot(index="example_id", columns="metric", values="perturbed")
+        >>> ablated = ap.perturb.run(model, tok, texts, "ablate", sweep="head")
+        >>> ablated[ablated.metric == "tvd"].pivot_table("change", "layer", "head")
     """
     spec = _experiment_named(experiment)
     params = spec.params.build(spec.name, options)
+    _check_sweep(spec, sweep)
     check_number("batch_size", batch_size, integer=True, minimum=1)
     check_number("seed", seed, integer=True, minimum=0)
     mode = truncation_mode(truncation)
@@ -216,11 +258,15 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
     need = params.footprint(batch_size)
+    if sweep is not None:  # the text batch repeated once per head: b texts x c heads rows
+        n_units = len(sweep_units(scope, *attention_sizes(model), sweep))
+        texts_per, units_per = forward_rows(batch_size, len(corpus.texts), n_units)
+        need = Footprint(texts_per * units_per)
     check_budget(model, spec.name, need,
                  _longest(model, tokenizer, corpus.texts, mode, max_length), _named(spec.params))
     job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
               scope, Reader("classifier"), params, seed, target, batch_size,
-              "cut" if mode == "cut" else "error", max_length, progress, distributed)
+              "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep)
     first = job.encode(corpus.texts[:1])
     with named_errors(job, "unperturbed forward"), torch.no_grad(), \
             capture(model, scope, keep=False):
@@ -228,12 +274,4 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     reader = pick_reader(model, output, first_output)
     reader(first_output, first)  # a clear error now when the output does not fit the kind
     rows = spec.fn(replace(job, reader=reader))
-    table = pd.DataFrame(
-        [(spec.name, r.perturbation, json.dumps(r.params, sort_keys=True), r.scope,
-          r.example_id, r.step, r.metric, r.baseline, r.perturbed, r.perturbed - r.baseline)
-         for r in rows], columns=list(RUN_COLUMNS))
-    table["step"] = table["step"].astype("Int64")
-    for column in ("baseline", "perturbed", "change"):
-        table[column] = table[column].astype("float64")
-    return table
-
+    return tidy(spec.name, rows, *attention_sizes(model))

@@ -88,7 +88,7 @@ def make_intervention(name: str, **params: Any) -> Intervention:
 
 
 def describe(intervention: Intervention) -> dict[str, Any]:
-    """JSON-friendly parameters (tensors as their shape), e.g. for a tidy ``params`` column."""
+    """JSON-friendly parameters (tensors as their shape), e.g. for tidy parameter columns."""
     out: dict[str, Any] = {}
     for f in fields(intervention):  # type: ignore[arg-type]
         value = getattr(intervention, f.name)

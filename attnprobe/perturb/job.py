@@ -34,12 +34,12 @@ from attnprobe.errors import (
 from attnprobe.perturb.context import perturbed
 from attnprobe.perturb.params import SHARED, Params
 from attnprobe.perturb.readout import Reader
+from attnprobe.perturb.table import RUN_COLUMNS
 
-__all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "Experiment", "Job", "Row",
+__all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "SWEEPS", "Experiment", "Job", "Row",
            "register_experiment"]
 
-RUN_COLUMNS = ("experiment", "perturbation", "params", "scope", "example_id", "step", "metric",
-               "baseline", "perturbed", "change")
+SWEEPS = ("head", "layer")  # run(sweep=...): each head, or each layer, of the scope alone
 CORPUS = "all"  # example_id of rows about the whole corpus
 STREAMS = {"draws": 0, "erase": 1, "adversarial": 2}  # independent random streams per use
 
@@ -50,25 +50,31 @@ R = TypeVar("R")
 # ----------------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment: ``fn(job) -> rows`` and its parameter dataclass."""
+    """One experiment: ``fn(job) -> rows``, its parameter dataclass, and whether it runs
+    sweeps (``run(sweep=...)``: ``fn`` then reads ``job.sweep``)."""
 
     name: str
     fn: Callable[[Job], list[Row]] = field(repr=False)
     params: type[Params] = Params
+    sweeps: bool = False
 
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment")
 
 
-def register_experiment(name: str, params: type[Params] = Params
+def register_experiment(name: str, params: type[Params] = Params, *, sweeps: bool = False
                         ) -> Callable[[Callable], Callable]:
-    """Register ``fn(job) -> rows`` as experiment ``name`` with its parameter dataclass."""
+    """Register ``fn(job) -> rows`` as experiment ``name`` with its parameter dataclass;
+    ``sweeps``: it also runs ``run(sweep="head" | "layer")`` (``job.sweep``)."""
     taken = sorted({f.name for f in fields(params)} & set(SHARED))
     if taken:  # run() takes these keywords itself: such an option could never be given
         raise TypeError(f"experiment {name!r}: options {taken} are shared run() keywords")
+    named = sorted({f.name for f in fields(params)} & set(RUN_COLUMNS))
+    if named:  # each option is a column of the table, next to these
+        raise TypeError(f"experiment {name!r}: options {named} are table columns")
 
     def add(fn: Callable) -> Callable:
-        EXPERIMENTS.register(name)(Experiment(name, fn, params))
+        EXPERIMENTS.register(name)(Experiment(name, fn, params, sweeps))
         return fn
 
     return add
@@ -76,9 +82,12 @@ def register_experiment(name: str, params: type[Params] = Params
 
 # ----------------------------------------------------------------------------- rows and jobs
 class Row(NamedTuple):
+    """One row of the table (:mod:`attnprobe.perturb.table`): ``params`` become the parameter
+    columns, ``scope`` (a :class:`Scope` or its string) gives ``scope``, ``layer``, ``head``."""
+
     perturbation: str
     params: dict[str, Any]
-    scope: str
+    scope: Scope | str
     example_id: str
     step: int | None
     metric: str
@@ -108,6 +117,7 @@ class Job:
     max_length: int | None
     progress: bool
     distributed: bool | None
+    sweep: str | None = None  # "head" / "layer": each unit of the scope alone (SWEEPS)
 
     def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         batch = encode(self.model, self.tokenizer, texts, truncation=self.truncation,
@@ -138,7 +148,7 @@ class Job:
 
 
 def rows_of(measures: Mapping[str, tuple[torch.Tensor, torch.Tensor]], row: int, *,
-            perturbation: str, params: dict[str, Any], scope: str, example: str,
+            perturbation: str, params: dict[str, Any], scope: Scope | str, example: str,
             step: int | None = None) -> list[Row]:
     return [Row(perturbation, params, scope, example, step, metric, float(base[row]),
                 float(after[row])) for metric, (base, after) in measures.items()]

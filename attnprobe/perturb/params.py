@@ -8,7 +8,7 @@ A parameter class subclasses :class:`Params` and declares each option with :func
   :func:`attnprobe.core.checks.check_number`),
 - the flags of ``attnprobe perturb`` (:func:`cli_options`, one flag per option name, shared by
   the experiments that take it), and
-- the ``params`` column of the result table (:meth:`Params.record`).
+- the parameter columns of the result table (:meth:`Params.record`; one column per option).
 
 Supported option types: ``int``, ``float``, ``tuple[str, ...]`` (a list of names; a single
 string is one name; on the command line comma-separated), each optionally ``| None``.
@@ -136,14 +136,14 @@ class Params:
         return Footprint(batch_size)
 
     def record(self) -> dict[str, Any]:
-        """The options as a JSON-friendly dict (names lists), for the ``params`` column."""
+        """The options as a dict (names lists), for the table's parameter columns."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
                 for f in fields(self)}
 
 
 # the keywords every experiment takes (run()'s signature), for messages
 SHARED = ("scope", "batch_size", "truncation", "seed", "progress", "output", "target",
-          "max_length", "distributed")
+          "max_length", "distributed", "sweep")
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def _erase_text(job: Job, i: int, text: str) -> list[Row]:
         measures = measure(job.reader.kind, before, after)
         for j in range(1, min(max_erased, last) + 1):
             rows += rows_of(measures, j - 1, perturbation="erase",
-                            params=job.record(ranking=ranking, n_erased=j), scope=scope,
+                            params=job.record(ranking=ranking), scope=scope,
                             example=example, step=j)
         if decision:
             flips = (after.argmax(-1) != before.argmax(-1)).nonzero().flatten()

@@ -1,7 +1,7 @@
 """perturb.run sharded over two torch.distributed (gloo) processes equals one process: the same
 example ids, the same random draws, the same corpus-level sums (importance's gradients and
-curve, mean's head means); through the library and through ``attnprobe perturb --distributed``
-as torchrun would start it."""
+curve, mean's head means), the same per-head sweeps; through the library and through
+``attnprobe perturb --distributed`` as torchrun would start it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ MODEL = "ref:transformer-classifier"  # untrained, built the same way in every p
 TEXTS = ["the cat sat on the red mat", "a dog ran to the big tree", "the bird saw a fish",
          "dog " * 12 + "cat", "the red cat and the dog", "a tree"]
 MAX_LENGTH = 10  # text 3 (14 tokens) is longer: skipped, the others keep their index
-RUNS = {  # experiment -> options; batch_size 2 makes several batches to split
-    "permute": {"n_permutations": 5, "batch_size": 2},
-    "dirichlet": {"n_draws": 3, "alpha": 0.5},
-    "uniform": {"batch_size": 2},
-    "erase": {"max_erased": 2, "rankings": ["attention", "random"], "batch_size": 3},
-    "importance": {"batch_size": 2, "prune_steps": 3},
+RUNS = {  # name -> experiment, options; batch_size 2 makes several batches to split
+    "permute": ("permute", {"n_permutations": 5, "batch_size": 2}),
+    "dirichlet": ("dirichlet", {"n_draws": 3, "alpha": 0.5}),
+    "uniform": ("uniform", {"batch_size": 2}),
+    "erase": ("erase", {"max_erased": 2, "rankings": ["attention", "random"], "batch_size": 3}),
+    "importance": ("importance", {"batch_size": 2, "prune_steps": 3}),
+    # 5 texts in batches of 3 and 2, each repeated for one head at a time: 8 forwards
+    "ablate-sweep": ("ablate", {"sweep": "head", "batch_size": 3}),
 }
 BERT_WORDS = "the cat sat on mat a dog ran big red tree bird saw fish and"
 
@@ -30,16 +32,19 @@ def _library(rank: int) -> dict:
 
     model, tok = ap.load_model(MODEL)
     tables, forwards = {}, {}
-    for experiment, options in RUNS.items():
+    for name, (experiment, options) in RUNS.items():
         with counting_forwards(model) as seen:
-            tables[experiment] = ap.perturb.run(
+            tables[name] = ap.perturb.run(
                 model, tok, TEXTS, experiment, seed=7, truncation="skip",
                 max_length=MAX_LENGTH, **options)
-        forwards[experiment] = len(seen)
+        forwards[name] = len(seen)
     vocab = bert_vocab(BERT_WORDS)
     bert, bert_tok = tiny_bert(vocab), bert_tokenizer(vocab)  # seeded: the same on every rank
     tables["mean"] = ap.perturb.run(bert, bert_tok, TEXTS, "mean", scope="layer:1",
                                     batch_size=2, truncation="skip", max_length=MAX_LENGTH)
+    # the 5 texts repeated for heads 0.0-1.0 in one forward and for 1.1 in another
+    tables["mean-sweep"] = ap.perturb.run(bert, bert_tok, TEXTS, "mean", sweep="head",
+                                          truncation="skip", max_length=MAX_LENGTH)
     return {"tables": tables, "forwards": forwards}
 
 
@@ -62,6 +67,10 @@ def test_two_processes_give_the_single_process_tables_on_every_rank(tmp_path):
     # corpus quantities really are over the corpus: importance scores every head
     importance = single["tables"]["importance"]
     assert len(importance[importance["metric"] == "importance"]) == 4
+    # a sweep has a row per head: the reference classifier's and the tiny BERT's 2 x 2
+    for name in ("ablate-sweep", "mean-sweep"):
+        heads = single["tables"][name][["layer", "head"]].drop_duplicates()
+        assert heads.values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]], name
 
 
 # ---------------------------------------------------------------------------- the CLI

@@ -22,8 +22,9 @@ def test_uniform_writes_a_csv_with_run_columns_and_prints_a_summary(tmp_path, ca
                               "--scope", "layer:1", "--out", str(out)], capsys)
     assert code == 0, err
     table = pd.read_csv(out)
-    assert tuple(table.columns) == RUN_COLUMNS
+    assert tuple(table.columns) == RUN_COLUMNS  # uniform has no options: no parameter columns
     assert set(table["scope"]) == {"layer:1"} and set(table["example_id"]) == {0, 1}
+    assert set(table["layer"]) == {1} and table["head"].isna().all()
     assert "median change per perturbation and metric" in printed
     assert "uniform" in printed and "tvd" in printed
     assert "perturb uniform" in err and f"wrote {len(table)} rows" in err  # progress bar
@@ -40,7 +41,8 @@ def test_permute_from_a_text_file_to_json_quietly(tmp_path, capsys):
     assert err == ""
     rows = json.loads(out.read_text())
     assert len({r["example_id"] for r in rows}) == 2
-    assert json.loads(rows[0]["params"]) == {"n_permutations": 5, "seed": 2}
+    assert {k: rows[0][k] for k in ("n_permutations", "seed")} == {"n_permutations": 5,
+                                                                    "seed": 2}
     assert "tvd_median" in printed and "max_attention" in printed
 
 
@@ -53,9 +55,8 @@ def test_erase_with_max_erased_writes_steps(tmp_path, capsys):
     table = pd.read_csv(out)
     assert sorted(table["step"].dropna().unique().tolist()) == [1, 2]
     assert {"flipped", "fraction_to_flip"} <= set(table["metric"])
-    params = [json.loads(p) for p in table["params"]]
-    assert {p["ranking"] for p in params} == {"attention", "random"}
-    assert {p["max_erased"] for p in params} == {2}
+    assert set(table["ranking"]) == {"attention", "random"}
+    assert set(table["max_erased"]) == {2}
 
 
 def test_the_cli_table_equals_the_api_table(tmp_path, capsys):
@@ -72,8 +73,32 @@ def test_the_cli_table_equals_the_api_table(tmp_path, capsys):
     expected = api_run(model, tok, [TEXTS[1], TEXTS[3]], "dirichlet", n_draws=6, alpha=0.5,
                        seed=3, batch_size=4)
     got = pd.read_csv(out, dtype={"example_id": str})
-    got["step"] = got["step"].astype("Int64")
+    for column in ("layer", "head", "step", "n_draws", "seed"):
+        got[column] = got[column].astype("Int64")
     pd.testing.assert_frame_equal(got, expected, rtol=1e-12)
+
+
+def test_a_head_sweep_writes_one_row_per_head_and_prints_a_layer_by_head_grid(tmp_path,
+                                                                             capsys):
+    out = tmp_path / "sweep.csv"
+    code, printed, err = run(["perturb", *CLASSIFIER, *TEXTS, "--experiment", "ablate",
+                              "--sweep", "head", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert tuple(table.columns) == RUN_COLUMNS
+    assert len(table) == 2 * 2 * 2 * 4  # layers x heads x texts x metrics
+    tvd = table[table["metric"] == "tvd"]
+    lines = printed.splitlines()
+    assert lines[0].endswith("each head alone: median tvd change per head")
+    assert lines[1] == "(rows: layers, columns: heads; jsd, flip, top_prob are in the table)"
+    assert lines[2].split() == ["head", "0", "1"] and lines[3].split() == ["layer"]
+    for layer in (0, 1):  # the grid holds the medians over the two texts, as written
+        cells = [float(x) for x in lines[4 + layer].split()[1:]]
+        expected = [tvd[(tvd["layer"] == layer) & (tvd["head"] == head)]["change"].median()
+                    for head in (0, 1)]
+        assert int(lines[4 + layer].split()[0]) == layer
+        assert cells == pytest.approx(expected, rel=1e-2)
+    assert len(lines) == 6 and max(len(line) for line in lines) <= 100
 
 
 def test_default_model_minilm_uniform_on_one_layer(tmp_path, capsys):
@@ -110,6 +135,8 @@ def test_default_model_minilm_uniform_on_one_layer(tmp_path, capsys):
     (["--experiment", "importance", "--prune-steps", "0"], "prune_steps must be an integer >= 1"),
     (["--experiment", "erase", "--rankings", "gradient"], "unknown erase ranking 'gradient'"),
     (["--experiment", "mean"], "transformers"),
+    (["--experiment", "permute", "--sweep", "head"], "'permute' does not sweep"),
+    (["--experiment", "ablate", "--sweep", "heads"], "invalid choice: 'heads'"),
     (["--experiment", "uniform", "--out", "x.txt"], "--out must end in"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):

@@ -3,7 +3,6 @@ to sequential ones, reproducibility from the seed, and one clear error per bad i
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -50,12 +49,21 @@ def tiny_bert_config(**kw) -> transformers.BertConfig:
                                    max_position_embeddings=64, initializer_range=0.3, **kw)
 
 
-def check_table(table: pd.DataFrame) -> None:
-    assert tuple(table.columns) == RUN_COLUMNS
-    assert table["step"].dtype == "Int64"
+def check_table(table: pd.DataFrame, params: tuple[str, ...] | None = None) -> None:
+    """RUN_COLUMNS first, then the parameter columns (exactly ``params`` when given)."""
+    assert tuple(table.columns[:len(RUN_COLUMNS)]) == RUN_COLUMNS
+    if params is not None:
+        assert tuple(table.columns) == RUN_COLUMNS + params
+    for column in ("layer", "head", "step"):
+        assert table[column].dtype == "Int64", column
     finite = table.dropna(subset=["perturbed"])
     assert ((finite["perturbed"] - finite["baseline"]) == finite["change"]).all()
-    assert all(isinstance(json.loads(p), dict) for p in table["params"])
+
+
+def params_at(table: pd.DataFrame, row: int) -> dict:
+    """The parameter columns of one row that hold a value."""
+    values = table.iloc[row][list(table.columns[len(RUN_COLUMNS):])]
+    return {k: v for k, v in values.items() if not pd.isna(v)}
 
 
 # ----------------------------------------------------------------------------- one edit
@@ -66,6 +74,7 @@ def test_uniform_on_the_transformer_classifier_gives_finite_tvd_in_0_1(classifie
     assert set(table["experiment"]) == {"uniform"} and set(table["perturbation"]) == {"uniform"}
     assert table["example_id"].unique().tolist() == ["0", "1", "2"]
     assert table["step"].isna().all() and set(table["scope"]) == {"all"}
+    assert table["layer"].isna().all() and table["head"].isna().all()  # several heads
     assert set(table["metric"]) == {"tvd", "jsd", "flip", "top_prob"}
     values = table.set_index(["example_id", "metric"])["perturbed"]
     distance = values.xs("tvd", level="metric")
@@ -77,7 +86,7 @@ def test_uniform_on_the_transformer_classifier_gives_finite_tvd_in_0_1(classifie
 def test_zero_ablating_every_head_of_every_layer_changes_the_output(classifier, bilstm):
     for model, tok in (classifier, bilstm):
         table = run(model, tok, TEXTS, "ablate")
-        check_table(table)
+        check_table(table, ())  # no options, no parameter columns
         changes = table[table["metric"] == "tvd"]["perturbed"]
         assert len(changes) == len(TEXTS) and (changes > 1e-6).all()
     # the same number as the building block gives by hand
@@ -95,6 +104,9 @@ def test_scope_limits_the_edit_and_is_reported(classifier):
     model, tok = classifier
     one = run(model, tok, TEXTS[:1], "uniform", scope="head:1.0")
     assert set(one["scope"]) == {"head:1.0"}
+    assert set(one["layer"]) == {1} and set(one["head"]) == {0}  # one head: both integers
+    layer = run(model, tok, TEXTS[:1], "uniform", scope="layer:1")
+    assert set(layer["layer"]) == {1} and layer["head"].isna().all()
     every = run(model, tok, TEXTS[:1], "uniform", scope=Scope())
     one_tvd = one.set_index("metric").loc["tvd", "perturbed"]
     assert one_tvd != every.set_index("metric").loc["tvd", "perturbed"]
@@ -104,10 +116,13 @@ def test_scope_limits_the_edit_and_is_reported(classifier):
 def test_permute_rows_are_summaries_over_the_permutations_and_max_attention(bilstm):
     model, tok = bilstm
     table = run(model, tok, TEXTS, "permute", n_permutations=20)
-    check_table(table)
+    check_table(table, ("n_permutations", "seed"))
+    # the J&W BiLSTM has one attention head: the whole scope is that head
+    assert set(table["layer"]) == {0} and set(table["head"]) == {0}
     metrics = [f"{m}_{s}" for m in ("tvd", "jsd", "flip") for s in ("median", "mean", "max")]
     assert table[table["example_id"] == "0"]["metric"].tolist() == [*metrics, "max_attention"]
-    assert json.loads(table["params"][0]) == {"n_permutations": 20, "seed": 0}
+    assert params_at(table, 0) == {"n_permutations": 20, "seed": 0}
+    assert table["n_permutations"].dtype == "Int64" and table["seed"].dtype == "Int64"
     wide = table.pivot(index="example_id", columns="metric", values="perturbed")
     assert ((wide["tvd_median"] <= wide["tvd_max"]) & (wide["tvd_mean"] <= wide["tvd_max"])).all()
     assert (wide["tvd_max"] > 0).all() and (wide["tvd_max"] <= 1).all()
@@ -194,8 +209,9 @@ def test_the_same_call_twice_gives_an_identical_table(classifier, experiment, kw
 def test_dirichlet_draws_change_the_weights_and_report_alpha(classifier):
     model, tok = classifier
     table = run(model, tok, TEXTS[:1], "dirichlet", n_draws=6, alpha=0.1)
-    check_table(table)
-    assert json.loads(table["params"][0]) == {"alpha": 0.1, "n_draws": 6, "seed": 0}
+    check_table(table, ("n_draws", "alpha", "seed"))
+    assert params_at(table, 0) == {"alpha": 0.1, "n_draws": 6, "seed": 0}
+    assert table["alpha"].dtype == "float64"
     att = table.set_index("metric").loc["max_attention"]
     assert att["perturbed"] > att["baseline"]  # alpha < 1 draws peaked rows
 
@@ -205,45 +221,41 @@ def test_erase_reports_steps_and_the_fraction_before_the_decision_flips(classifi
     model, tok = classifier
     table = run(model, tok, TEXTS[:2], "erase", max_erased=2,
                 rankings=("attention", "saliency", "random"))
-    check_table(table)
+    check_table(table, ("max_erased", "n_steps", "seed", "ranking", "n_keys"))
     steps = table.dropna(subset=["step"])
     assert sorted(steps["step"].unique().tolist()) == [1, 2]
     assert set(steps["metric"]) == {"tvd", "jsd", "flip", "top_prob"}
-    params = steps["params"].map(json.loads)
-    assert (params.map(lambda p: p["n_erased"]) == steps["step"]).all()
-    assert {p["max_erased"] for p in params} == {2} and {p["seed"] for p in params} == {0}
+    assert set(steps["max_erased"]) == {2} and set(steps["seed"]) == {0}
+    assert steps["n_keys"].isna().all()  # a detail of the summary rows only
     summary = table[table["step"].isna()]
     assert set(summary["metric"]) == {"flipped", "fraction_to_flip"}
-    for (_, ranking), group in summary.groupby(["example_id", "params"]):
+    for (_, _, n), group in summary.groupby(["example_id", "ranking", "n_keys"]):
         flipped, fraction = group.set_index("metric")["perturbed"][["flipped",
                                                                      "fraction_to_flip"]]
-        n = json.loads(ranking)["n_keys"]
         if flipped:
             assert 0 < fraction <= (n - 1) / n
         else:
             assert math.isnan(fraction)
-    rankings = {json.loads(p)["ranking"] for p in table["params"]}
-    assert rankings == {"attention", "saliency", "random"}
+    assert len(summary) == 2 * 3 * 2  # every (text, ranking) has its n_keys
+    assert set(table["ranking"]) == {"attention", "saliency", "random"}
 
 
 def test_erase_with_integrated_gradients_by_default_on_the_bilstm(bilstm):
     model, tok = bilstm
     table = run(model, tok, TEXTS[:1], "erase")
-    rankings = [json.loads(p)["ranking"] for p in table["params"]]
-    assert set(rankings) == {"attention", "integrated_gradients", "random"}
+    assert set(table["ranking"]) == {"attention", "integrated_gradients", "random"}
     # [BOS] gets no attention in the J&W classifier, so it is not an erasable key
-    n_keys = {json.loads(p)["n_keys"] for p in table[table["step"].isna()]["params"]}
-    assert n_keys == {len(TEXTS[0].split())}
+    assert set(table[table["step"].isna()]["n_keys"]) == {len(TEXTS[0].split())}
 
 
 # ----------------------------------------------------------------------------- adversarial
 def test_adversarial_reports_jsd_within_eps_per_example_and_layer(bilstm):
     model, tok = bilstm
     table = run(model, tok, TEXTS[:2], "adversarial", eps=0.05, steps=15, n_adversaries=2)
-    check_table(table)
-    assert set(table["scope"]) == {"layer:0"}
-    assert json.loads(table["params"][0]) == {"eps": 0.05, "lr": 0.01, "n_adversaries": 2,
-                                              "seed": 0, "steps": 15}
+    check_table(table, ("eps", "n_adversaries", "steps", "lr", "seed"))
+    assert set(table["scope"]) == {"layer:0"} and set(table["layer"]) == {0}
+    assert params_at(table, 0) == {"eps": 0.05, "lr": 0.01, "n_adversaries": 2, "seed": 0,
+                                   "steps": 15}
     for _, group in table.groupby("example_id"):
         value = group.set_index("metric")["perturbed"]
         assert value["within_eps"] in (0.0, 1.0)
@@ -257,17 +269,19 @@ def test_adversarial_reports_jsd_within_eps_per_example_and_layer(bilstm):
 def test_importance_scores_heads_and_prunes_in_increasing_importance(classifier):
     model, tok = classifier
     table = run(model, tok, TEXTS, "importance")
-    check_table(table)
+    check_table(table, ("prune_steps", "estimate", "normalised", "order", "pruned"))
     heads = table[table["metric"] == "importance"]
     assert sorted(heads["scope"]) == ["head:0.0", "head:0.1", "head:1.0", "head:1.1"]
+    assert sorted(zip(heads["layer"], heads["head"], strict=True)) == [(0, 0), (0, 1), (1, 0),
+                                                                       (1, 1)]
     assert (heads["example_id"] == "all").all() and (heads["perturbed"] >= 0).all()
     curve = table.dropna(subset=["step"])
     assert sorted(curve["step"].unique().tolist()) == [1, 2, 3, 4]
     assert set(curve["metric"]) == {"agreement", "tvd", "jsd", "flip"}
-    first = json.loads(curve[curve["step"] == 1]["params"].iloc[0])["pruned"]
-    least = heads.sort_values("perturbed")["scope"].iloc[0]  # "heads:L.H"
-    layer, head = least.split(":")[1].split(".")
-    assert first == [f"L{layer}H{head}"]
+    first = curve[curve["step"] == 1]["pruned"].iloc[0]
+    least = heads.sort_values("perturbed").iloc[0]
+    assert first == f"L{least['layer']}H{least['head']}"
+    assert curve["layer"].isna().all() and curve["prune_steps"].isna().all()  # None: NA
     agreement = curve[curve["metric"] == "agreement"]
     assert (agreement["baseline"] == 1.0).all()
     scoped = run(model, tok, TEXTS, "importance", scope="layer:1")
@@ -309,9 +323,9 @@ def test_mean_ablation_uses_the_means_of_the_same_texts(hf_tok):
     torch.manual_seed(0)
     bert = track(transformers.BertModel(tiny_bert_config()).eval())
     table = run(bert, hf_tok, HF_TEXTS, "mean", scope="head:0.1")
-    check_table(table)
+    check_table(table, ("means_from", "n_texts"))
     assert set(table["perturbation"]) == {"mean"}
-    assert json.loads(table["params"][0]) == {"means_from": "texts", "n_texts": 2}
+    assert params_at(table, 0) == {"means_from": "texts", "n_texts": 2}
     assert (table[table["metric"] == "cosine_distance"]["perturbed"] > 0).all()
     with pytest.raises(InputError, match="needs a scalar to differentiate"):
         run(bert, hf_tok, HF_TEXTS, "importance")
