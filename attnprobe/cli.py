@@ -10,14 +10,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from attnprobe.commands import census, compare, extract, models, perturb, report
+from attnprobe.commands import census, compare, diff, extract, models, perturb, report
 from attnprobe.commands.common import Parser, distributed_group
 from attnprobe.core.version import __version__
 from attnprobe.errors import AttnProbeError
 
 __all__ = ["COMMANDS", "build_parser", "distributed_group", "main"]
 
-COMMANDS = (models, extract, census, compare, perturb, report)
+COMMANDS = (models, extract, census, compare, perturb, report, diff)
 
 
 def build_parser() -> Parser:

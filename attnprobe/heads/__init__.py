@@ -3,8 +3,14 @@
 - :func:`census` — every score of every head over a corpus (:mod:`.head_census`);
 - :func:`classify` / :func:`summarize` — labels and summaries of stored maps (:mod:`.summary`);
 - :func:`syntax` — dependency-relation accuracy of stored maps (:mod:`.dependencies`);
-- label rules (:mod:`.labels`), dependency trees (:mod:`.trees`), word pooling (:mod:`.words`),
-  head distances and clusters (:mod:`.similarity`), the repeated-token probe (:mod:`.probe`).
+- label rules with their families (:mod:`.labels`, :mod:`.label_rules`, :mod:`.label_tables`),
+  sink keys and sink-free scores (:mod:`.sinks`), dependency trees (:mod:`.trees`), word pooling
+  (:mod:`.words`), head distances and clusters (:mod:`.similarity`), the repeated-token probe
+  (:mod:`.probe`);
+- :func:`retrieval_scores` / :func:`copy_accuracy` — retrieval heads on copy tasks
+  (:mod:`.retrieval`);
+- :func:`diff` — what changed between two checkpoints (:mod:`.checkpoint_diff`,
+  :mod:`.paired_attention`).
 """
 
 from attnprobe.core.reducers import (
@@ -20,19 +26,38 @@ from attnprobe.core.reducers import (
 )
 from attnprobe.core.tokens import token_classes
 from attnprobe.heads.census_stats import CensusStats
+from attnprobe.heads.checkpoint_diff import Diff, diff, diff_censuses
 from attnprobe.heads.dependencies import SyntaxCounts, syntax
 from attnprobe.heads.head_census import Census, census
-from attnprobe.heads.labels import RULES, Thresholds, classify_scores, layer_profile
+from attnprobe.heads.labels import (
+    RULES,
+    Thresholds,
+    classify_scores,
+    label_counts,
+    layer_profile,
+)
+from attnprobe.heads.paired_attention import AttentionChange, attention_change
 from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.heads.retrieval import (
+    CopySteps,
+    RetrievalHits,
+    copy_accuracy,
+    find_copy_steps,
+    retrieval_scores,
+)
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
+from attnprobe.heads.sinks import SinkRule
 from attnprobe.heads.summary import classify, summarize, tally_maps
 from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words
 
 __all__ = [
-    "REDUCERS", "RULES", "Census", "CensusStats", "Entropy", "HeadDistances", "KeyMass",
-    "MaxWeight", "OffsetMass", "Reducer", "RowBlock", "SyntaxCounts", "Tally", "Thresholds",
-    "Tree", "align_tokens", "census", "classify", "classify_scores", "cluster_heads",
-    "default_reducers", "layer_profile", "parse", "read_conllu", "repeated_token_scores",
-    "summarize", "syntax", "tally_maps", "to_words", "token_classes", "write_conllu",
+    "REDUCERS", "RULES", "AttentionChange", "Census", "CensusStats", "CopySteps", "Diff",
+    "Entropy", "HeadDistances", "KeyMass", "MaxWeight", "OffsetMass", "Reducer",
+    "RetrievalHits", "RowBlock", "SinkRule", "SyntaxCounts", "Tally", "Thresholds", "Tree",
+    "align_tokens", "attention_change", "census", "classify", "classify_scores",
+    "cluster_heads", "copy_accuracy", "default_reducers", "diff", "diff_censuses",
+    "find_copy_steps", "label_counts", "layer_profile", "parse", "read_conllu",
+    "repeated_token_scores", "retrieval_scores", "summarize", "syntax", "tally_maps",
+    "to_words", "token_classes", "write_conllu",
 ]

@@ -284,3 +284,42 @@ def test_a_repeated_scope_merges(tmp_path, capsys):
     (amap,) = load_maps(out)
     assert amap.layers == (0, 1) and amap.heads == (1, 2)  # the grid holding 0.1 and 1.2
     assert "L0H1" in printed and "L1H2" in printed and "L0H0" not in printed
+
+
+def test_extract_generate_writes_one_map_per_text_over_the_generated_tokens(tmp_path, capsys):
+    from attnprobe import extract, load_model
+
+    out = tmp_path / "generated.npz"
+    prompt = "t01 t02 t03 t04 t05 t06 t07 t08 t09 t01 t02"
+    assert main(["extract", "--model", "ref:induction", "--text", prompt, "--generate", "4",
+                 "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"text 0: [BOS] {prompt} -> t03 t04 t05 t06" in printed
+    (amap,) = load_maps(out)  # the prompt length travels in the sidecar
+    assert amap.prompt_length == 12 and amap.shape[2:] == (16, 16)
+    model, tok = load_model("ref:induction")
+    whole = extract(model, tok, [" ".join(amap.query_tokens[1:])])[0]
+    assert np.allclose(amap.pattern.numpy(), whole.pattern.numpy(), atol=1e-5)
+    sampled = tmp_path / "sampled.npz"
+    draws = []
+    for seed in ("5", "5", "6"):
+        assert main(["extract", "--model", "ref:induction", "--text", prompt, "--generate",
+                     "4", "--sample", "--seed", seed, "--quiet", "--out", str(sampled)]) == 0
+        draws.append(load_maps(sampled)[0].query_tokens)
+        assert draws[-1][:12] == amap.query_tokens[:12] and len(draws[-1]) == 16
+    assert draws[0] == draws[1]  # seeded: the same draw twice
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "ref:encoder", "--text", "the cat", "--generate", "2"], "attends both ways"),
+    (["--model", "ref:transformer-classifier", "--text", "the cat", "--generate", "2"],
+     "attends both ways"),
+    (["--model", "ref:induction", "--text", "t01", "--generate", "0"], "positive integer"),
+    (["--model", "ref:induction", "--text", "t01", "--sample"], "--sample needs --generate"),
+    (["--model", "ref:induction", "--text", "t01 t02", "--generate", "2047"],
+     "with generate=2047 the sequence needs 2050 positions"),
+])
+def test_extract_generate_bad_input_is_one_line(argv, message, capsys, tmp_path):
+    assert main(["extract", *argv, "--out", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnprobe: error:") and message in err and "\n" not in err
