@@ -276,7 +276,9 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         methods: attribution methods (:data:`attnprobe.attribution.methods.METHODS`).
         views: attention views (names in :data:`attnprobe.attribution.views.VIEWS` or
             :class:`~attnprobe.attribution.view_base.View` objects; ``None``: every registered
-            view; empty: compare the methods with each other only).
+            view; empty: compare the methods with each other only). The default,
+            :data:`DEFAULT_VIEWS`, leaves out a view the model cannot serve (``norm`` on a
+            model type it cannot slice); a view named by the caller is checked.
         query: which row the views read: ``"auto"`` (the last real token of a causal model,
             the first token of any other), ``"cls"``, ``"last"``, ``"mean"``, ``"max"``, or
             an int row (:mod:`attnprobe.attribution.views`).
@@ -321,7 +323,9 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     if not methods:
         raise InputError("give at least one attribution method to compare with")
     empty = views is not None and not isinstance(views, (str, View)) and len(views) == 0
-    built = [] if empty else build_views(views, model=model)
+    defaults = not isinstance(views, (str, View)) and views is not None \
+        and tuple(views) == DEFAULT_VIEWS  # the defaults adapt to the model; a choice does not
+    built = [] if empty else build_views(views, model=model, only_readable=defaults)
     mode = truncation_mode(truncation)
     job = _Job(model, tokenizer, parse_target(target, model, tokenizer), tuple(methods),
                tuple(built), model_scope(model, scope), query, top_k,

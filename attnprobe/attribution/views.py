@@ -177,10 +177,11 @@ class RolloutView(View):
 
 # ----------------------------------------------------------------------------- dispatch
 def build_views(views: Sequence[ViewLike] | ViewLike | None, *, model: nn.Module | None = None,
-                has_target: bool = True) -> list[View]:
+                has_target: bool = True, only_readable: bool = False) -> list[View]:
     """The view objects for ``views`` (registry names or :class:`View` objects; ``None``: every
     registered view), checked before any forward: distinct names, a target where one is
-    needed, and a model each view can read."""
+    needed, and a model each view can read (``only_readable``: views the model cannot serve
+    are left out instead, as long as one remains)."""
     if views is None:
         views = VIEWS.names()
     elif isinstance(views, (str, View)):
@@ -195,9 +196,18 @@ def build_views(views: Sequence[ViewLike] | ViewLike | None, *, model: nn.Module
         if view.needs_target and not has_target:
             raise InputError(f"view {view.name!r} needs a target (what the gradient is taken "
                              "of)")
-        if model is not None:
+    if model is None:
+        return built
+    readable = []
+    for view in built:
+        try:
             view.check(model)
-    return built
+        except InputError:
+            if not only_readable or (view is built[-1] and not readable):
+                raise
+            continue
+        readable.append(view)
+    return readable
 
 
 def run_views(views: Sequence[View], inp: ViewInput) -> list[TokenAttribution]:

@@ -25,3 +25,12 @@ def test_readme_python_examples_run(monkeypatch, tmp_path):
     assert result.n_sentences == 200
     assert set(result.classify()["label"]) - {"heterogeneous"}  # some head is explained
     assert "det" in set(result.syntax()["relation"])
+    # causal LMs: ref:induction continues the repeated segment and its copying heads are found
+    gen = namespace["gen"]
+    assert gen.query_tokens[gen.prompt_length:] == ("t08", "t55", "t21", "t09", "t30", "t60")
+    top = namespace["retrieval"].nlargest(4, "retrieval")
+    assert set(top["head_id"]) == {"L1H0", "L1H1", "L1H2", "L1H3"}
+    assert set(namespace["steps"].table["step"]) == {1, 2}
+    # the diff sees the change where it was made: layer 5 alone
+    layers = namespace["d"].layers().set_index("layer")["js"]
+    assert layers[5] > 0.01 and (layers.drop(5) < 1e-6).all()

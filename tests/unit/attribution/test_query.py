@@ -124,3 +124,16 @@ def test_prefix_map_is_the_map_of_the_first_tokens():
         prefix_map(both_ways, 3)
     with pytest.raises(InputError, match=r"prefix length must be an int in 1\.\.7"):
         prefix_map(whole, 0)
+
+
+def test_the_default_views_leave_out_norm_where_the_model_cannot_serve_it():
+    """ref:induction is attnprobe's own LLaMA: norm cannot slice its output projection, so
+    the defaults compare without it, while asking for norm by name stays an error."""
+    model, tok = ap.load_model("ref:induction")
+    prompt = "t05 t11 t40 t03 t17 t42 t08 t55 t21 t03 t17"
+    table = ap.attribution.compare(model, tok, [prompt], "next-token",
+                                   methods=["saliency"]).table
+    views = {m.split("@")[0] for m in table["view"].unique()} if "view" in table else set()
+    assert views and "norm" not in views and {"raw", "rollout"} <= views
+    with pytest.raises(InputError, match="norm-based importance"):
+        ap.attribution.compare(model, tok, [prompt], "next-token", views=["norm"])

@@ -23,9 +23,9 @@ def test_importing_the_package_imports_no_plotting_library():
 
 def test_every_entry_point_is_exported():
     assert sorted(plot.__all__) == sorted(
-        ["agreement_by_layer", "attention_head", "head_clusters", "head_effects", "head_grid",
-         "layer_profile", "model_view", "offset_profile", "pruning_curve", "syntax_accuracy",
-         "token_heat"])
+        ["agreement_by_layer", "attention_head", "generation_attention", "head_clusters",
+         "head_effects", "head_grid", "layer_profile", "model_view", "offset_profile",
+         "pruning_curve", "syntax_accuracy", "token_heat"])
     assert all(callable(getattr(plot, name)) for name in plot.__all__)
 
 

@@ -1,0 +1,101 @@
+"""Attention of generated tokens (:func:`generation_attention`): what each token the model
+wrote looked at, in the prompt and among the tokens it had written before.
+
+The input is a map captured during generation (``ap.extract(model, tok, prompt,
+generate=N)``), whose query rows from ``prompt_length`` on are the generated tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from attnprobe.core.scope import head_id
+from attnprobe.errors import InputError
+from attnprobe.plot.common import new_figure, seaborn, set_token_ticks
+from attnprobe.types import AttentionMap
+
+__all__ = ["generation_attention", "generation_weights"]
+
+Reduce = Literal["mean", "max"]
+REDUCERS = {"mean": np.mean, "max": np.max}
+
+
+def generation_weights(attention: AttentionMap, *, layer: int | None = None,
+                       head: int | None = None, reduce: Reduce = "mean") -> np.ndarray:
+    """``[generated, key]`` weights of the generated rows: one head (``layer`` and ``head``),
+    the heads of one layer (``layer`` only) or every captured head, combined by ``reduce``.
+
+    Raises:
+        InputError: not a generation map, ``head`` without ``layer``, an unknown head or
+            reducer.
+    """
+    if not isinstance(attention, AttentionMap):
+        raise InputError(f"expected an AttentionMap from extract(..., generate=N); got "
+                         f"{type(attention).__name__}")
+    if attention.prompt_length is None or attention.prompt_length == len(attention.query_tokens):
+        raise InputError("this map has no generated tokens: capture it with "
+                         "ap.extract(model, tokenizer, prompt, generate=N)")
+    if reduce not in REDUCERS:
+        raise InputError(f"reduce must be one of {sorted(REDUCERS)}; got {reduce!r}")
+    if head is not None and layer is None:
+        raise InputError("head= needs layer= (a head is L<layer>H<head>)")
+    rows = slice(attention.prompt_length, None)
+    if head is not None:
+        return attention.head(layer, head)[rows].numpy()
+    pattern = attention.pattern.numpy()  # [layer, head, query, key]
+    if layer is not None:
+        if layer not in attention.layers:
+            raise InputError(f"layer {layer} was not captured; layers {list(attention.layers)}")
+        pattern = pattern[attention.layers.index(layer)][None]
+    return REDUCERS[reduce](pattern[:, :, rows], axis=(0, 1))
+
+
+def _title(layer: int | None, head: int | None, reduce: str) -> str:
+    if head is not None:
+        return head_id(layer, head)
+    return f"{reduce} over the heads of layer {layer}" if layer is not None \
+        else f"{reduce} over every head"
+
+
+def generation_attention(attention: AttentionMap, *, layer: int | None = None,
+                         head: int | None = None, reduce: Reduce = "mean",
+                         cmap: str = "Blues") -> Any:
+    """What every generated token attended to, and how much of it was the prompt.
+
+    Left: a heatmap with one row per generated token (in the order written) and one column
+    per key (prompt, then generated tokens), cut by a line where the prompt ends; causal
+    masking leaves the upper right empty. Right: per generated token, the share of its
+    attention on the prompt (a point per token; 1 means it read only the prompt).
+
+    Args:
+        attention: a map from ``ap.extract(model, tokenizer, prompt, generate=N)``.
+        layer, head: one head (both), the heads of one layer (``layer``), or every captured
+            head (neither), combined by ``reduce`` (``"mean"`` or ``"max"``).
+
+    Returns:
+        A matplotlib ``Figure`` with the heatmap, its colour bar and the prompt-share axes.
+    """
+    weights = generation_weights(attention, layer=layer, head=head, reduce=reduce)
+    n_gen, n_keys = weights.shape
+    n_prompt = attention.prompt_length
+    fig = new_figure(3.6 + 0.36 * n_keys, 1.4 + 0.36 * n_gen)
+    heat, share = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(n_keys, 4), 3]})
+    seaborn().heatmap(weights, ax=heat, cmap=cmap, vmin=0.0, vmax=float(weights.max()) or 1.0,
+                      cbar_kws={"label": "attention weight"})
+    set_token_ticks(heat, "x", attention.key_tokens, rotate=True, offset=0.5)
+    set_token_ticks(heat, "y", attention.query_tokens[n_prompt:], offset=0.5)
+    heat.tick_params(axis="y", labelrotation=0)
+    heat.axvline(n_prompt, color="#d62728", linewidth=1.5, gid="prompt-end")
+    heat.set_xlabel(f"key token (prompt: first {n_prompt})")
+    heat.set_ylabel("generated token")
+    heat.set_title(_title(layer, head, reduce))
+    mean = weights if reduce == "mean" else generation_weights(attention, layer=layer, head=head)
+    on_prompt = mean[:, :n_prompt].sum(-1)  # rows of a mean still sum to 1; of a max, not
+    share.plot(on_prompt, np.arange(n_gen) + 0.5, marker="o", color="#1f77b4", gid="on-prompt")
+    share.set_xlim(0.0, 1.05)
+    share.set_ylim(n_gen, 0)
+    share.set_yticks([])
+    share.set_xlabel("share on the prompt")
+    return fig
