@@ -18,7 +18,8 @@ Two measurements, each side by side in one run:
    large enough) reads one raw text of ``L`` tokens (random words, attnprobe's word tokenizer)
    for ``L`` in ``lengths`` (4,096 to 32,768). Each length runs in a fresh child process: the
    streaming census (``ap.heads.census(..., similarity=False)``; the repeated-token probe
-   included), then a plain forward as the floor. Reported per length: census seconds, forward
+   included; offsets beyond ±64 share one ``far`` bin, the census default), then a plain
+   forward as the floor. Reported per length: census seconds, forward
    seconds, peak RSS above the pre-census baseline (``VmHWM`` after a reset, glibc's mmap
    threshold fixed so freed blocks are returned), the largest block of weights any census part
    received (``[batch, head, rows, key]`` float32 bytes), and the memory full maps would need
@@ -26,8 +27,8 @@ Two measurements, each side by side in one run:
    maps. Time growth is the slope of log(seconds) on log(L) (least squares over the lengths).
 
 Run: ``python analyses/bench_causal.py [--smoke] [--out DIR]``; tables and ``provenance.json``
-go to ``runs/bench_causal/<UTC stamp>/``. The full run takes long on 2 cores (the census is
-quadratic in the context: about an hour at 32,768 tokens).
+go to ``runs/bench_causal/<UTC stamp>/``. The full run takes about ten minutes on 2 cores
+(the census is quadratic in the context: five to six minutes at 32,768 tokens).
 """
 
 from __future__ import annotations

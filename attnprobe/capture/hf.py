@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.capture.decode_step import lean_step, plain_step_kwargs, same_as_eager
 from attnprobe.capture.recorder import Recorder, open_recorders
 from attnprobe.capture.sites import Site, attention_modules, layer_counts, site_for_path
 from attnprobe.core.optional import require
@@ -38,6 +39,7 @@ from attnprobe.errors import AttentionUnavailableError, InputError
 PREFIX = "attnprobe_"
 DELEGATES = ("sdpa", "eager")  # original backends we can hand unrequested layers to
 BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever the input length
+_EAGER_HOME: dict[type, Any] = {}  # attention class -> the module of its eager function
 
 
 class _Sites:
@@ -57,10 +59,17 @@ class _Sites:
 
 
 def _eager_of(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The model's own eager attention function (defined next to its attention class)."""
+    """The model's own eager attention function (defined next to its attention class; the
+    module defining it is found once per class: a decoding step asks for every layer)."""
+    home = _EAGER_HOME.get(type(module))
+    fn = getattr(home, "eager_attention_forward", None) if home is not None else None
+    if fn is not None:
+        return fn
     for cls in type(module).__mro__:
-        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        home = sys.modules.get(cls.__module__)
+        fn = getattr(home, "eager_attention_forward", None)
         if fn is not None:
+            _EAGER_HOME[type(module)] = home
             return fn
     raise AttentionUnavailableError(
         f"{type(module).__name__} has no eager_attention_forward in its module; "
@@ -81,10 +90,10 @@ def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: in
     ``mask`` is what the delegate's mask function produced: boolean (True = attend),
     additive float, or None (then ``causal`` says whether SDPA would have used ``is_causal``).
     """
+    if mask is None and not causal:
+        return None
     low = torch.finfo(dtype).min
     if mask is None:
-        if not causal:
-            return None
         q_idx = torch.arange(q_len, device=device)[rows, None]
         allowed = q_idx >= torch.arange(k_len, device=device)[None, :]
         return torch.where(allowed, 0.0, low).to(dtype)[None, None]
@@ -122,6 +131,31 @@ def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.T
     return torch.matmul(pattern, value.to(pattern.dtype)).transpose(1, 2).contiguous()
 
 
+def _decoding_step(takers: list[tuple[Recorder, Site]], module: nn.Module, query: torch.Tensor,
+                   key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One unmasked KV-cache step through :func:`~attnprobe.capture.decode_step.lean_step`,
+    once the site's first step showed it equal to the eager function (None: use eager)."""
+    recorder, site = takers[0]
+    fact = (site, "lean_step")
+    verdict = recorder.site_facts.get(fact)
+    if verdict is False:
+        return None
+    lean = lean_step(query, key, value, kwargs.get("scaling"))
+    if verdict is None:
+        extra = {name: v for name, v in kwargs.items() if name not in ("is_causal", "dropout")}
+        eager = _eager_of(module)(module, query, key, value, None, dropout=0.0, **extra)
+        recorder.site_facts[fact] = verdict = same_as_eager(lean, eager)
+        if not verdict:
+            return None
+    output, weights = lean
+    visible = torch.full((1, 1), key.shape[2])
+    for taker, taker_site in takers:
+        taker.consume_values(taker_site, value, query.shape[1])
+        taker.consume(taker_site, weights, 0, 1, visible)
+    return output, weights
+
+
 def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Module,
             query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attention_mask: torch.Tensor | None,
@@ -130,6 +164,12 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     recorder, site = takers[0]
     batch, _, q_len, _ = query.shape
     k_len = key.shape[2]
+    if q_len == 1 and attention_mask is None and delegate == "sdpa" \
+            and plain_step_kwargs(kwargs) and not any(
+                r.edit is not None or r.edit_output is not None for r, _ in takers):
+        stepped = _decoding_step(takers, module, query, key, value, kwargs)
+        if stepped is not None:
+            return stepped
     if delegate == "sdpa" and attention_mask is None:
         is_causal = kwargs.get("is_causal")
         is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal

@@ -101,7 +101,9 @@ class Keep(Part):
     name: ClassVar[str] = "keep"
 
     def on_rows(self, recorder: Recorder, rows: Rows) -> None:
-        kept = rows.kept.detach().to("cpu", torch.float32)
+        kept = rows.kept
+        if kept.requires_grad or kept.device.type != "cpu" or kept.dtype != torch.float32:
+            kept = kept.detach().to("cpu", torch.float32)
         recorder.store("patterns", rows.site, kept)
 
 

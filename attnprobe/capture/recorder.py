@@ -65,6 +65,7 @@ class Recorder:
         self.parts = list(parts)
         self.edit = next((p for p in self.parts if isinstance(p, Edit)), None)
         self.edit_output = next((p for p in self.parts if isinstance(p, EditOutput)), None)
+        self._needs_whole = any(p.whole_rows for p in self.parts)  # asked at every call
         self.query_block = min((p.query_block for p in self.parts
                                 if isinstance(p, Reduce) and p.query_block), default=None)
         # stop_early: raise StopForward once the current forward has read all of these (in
@@ -115,7 +116,7 @@ class Recorder:
     @property
     def needs_whole(self) -> bool:
         """Whether a seam must hand over all query rows at once (no row blocks)."""
-        return any(p.whole_rows for p in self.parts)
+        return self._needs_whole
 
     def wants(self, site: Site) -> bool:
         """Whether ``site``'s layer holds a head of the scope."""

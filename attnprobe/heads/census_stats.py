@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnprobe.core.display import counted, describe
 from attnprobe.core.divergence import entropy
 from attnprobe.core.reducers import REDUCERS, RowBlock, Sums
 from attnprobe.heads.sinks import SinkRule, aligned, sink_sums, sink_view
@@ -66,20 +67,50 @@ def _offset_mass_by_diagonals(weights: torch.Tensor, rows: torch.Tensor
 
 
 def _offset_mass_by_scatter(weights: torch.Tensor, rows: torch.Tensor, rel: torch.Tensor,
-                            real: torch.Tensor, top_key: torch.Tensor
-                            ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+                            bounds: tuple[int, int], top_key: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same for any positions (left padding, KV cache, cross-attention), by scattering
-    each weight into its offset's bin; also the offset bin of each row's argmax."""
+    each weight into its offset's bin, offsets clamped into ``bounds`` (the end bins take
+    everything beyond them); also the offset bin of each row's argmax. Returns
+    ``[head, bins]`` masses, ``[head]`` distance sums (float64) and ``[batch, head, query]``
+    argmax bins."""
     batch, n_heads, q_len, k_len = weights.shape
-    lo, hi = int(rel[real].min()), int(rel[real].max())
-    n_bins = hi - lo + 1
+    lo, hi = bounds
     bins = (rel.clamp(lo, hi) - lo)[:, None].expand(batch, n_heads, q_len, k_len)
-    profile = weights.new_zeros(batch, n_heads, q_len, n_bins).scatter_add_(-1, bins, weights)
+    profile = weights.new_zeros(batch, n_heads, q_len, hi - lo + 1).scatter_add_(-1, bins,
+                                                                                 weights)
     mass = torch.where(rows[..., None], profile, 0.0).sum(dim=(0, 2), dtype=torch.float64)
     per_row = torch.einsum("bhqk,bqk->bhq", weights, rel.abs().to(weights))
     distance = torch.where(rows, per_row, 0.0).sum(dim=(0, 2), dtype=torch.float64)
     top = torch.gather(bins, -1, top_key[..., None])[..., 0]
-    return lo, mass, distance, top
+    return mass, distance, top
+
+
+def _offset_range(block: RowBlock) -> tuple[int, int] | None:
+    """Lowest and highest offset ``key - query`` between a valid row and a real key of the
+    block (None without such a pair), from the positions alone (no ``[query, key]`` pass)."""
+    big = 1 << 40
+    real = block.real_keys()
+    rows = block.query_valid
+    has = real.any(-1) & rows.any(-1)
+    if not bool(has.any()):
+        return None
+    key_lo = torch.where(real, block.key_pos, big).amin(-1)
+    key_hi = torch.where(real, block.key_pos, -big).amax(-1)
+    query_lo = torch.where(rows, block.query_pos, big).amin(-1)
+    query_hi = torch.where(rows, block.query_pos, -big).amax(-1)
+    return int((key_lo - query_hi)[has].min()), int((key_hi - query_lo)[has].max())
+
+
+def _pool_bins(lo: int, mass: torch.Tensor, top: torch.Tensor, bounds: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masses ``[head, bins]`` from offset ``lo`` on, and argmax bins, re-binned into
+    ``bounds`` (offsets beyond them added into the end bins)."""
+    first, last = bounds
+    offsets = torch.arange(lo, lo + mass.shape[1], device=mass.device)
+    index = offsets.clamp(first, last) - first
+    pooled = mass.new_zeros(mass.shape[0], last - first + 1).index_add_(1, index, mass)
+    return pooled, (top + lo).clamp(first, last) - first
 
 
 @REDUCERS.register("census")
@@ -104,6 +135,12 @@ class CensusStats:
     prefix: str = ""
     sinks: SinkRule = field(default_factory=SinkRule)
     name: str = "census"
+
+    def __repr__(self) -> str:
+        return describe("CensusStats", ", ".join(sorted(self.parts)),
+                        counted(len(self.classes), "token class", "token classes"),
+                        f"max offset {self.max_offset}" if self.max_offset else "every offset",
+                        f"prefix {self.prefix!r}" if self.prefix else None)
 
     def __call__(self, block: RowBlock) -> dict[str, Sums]:
         a = block.pattern.float()
@@ -152,24 +189,28 @@ class CensusStats:
     def _offsets(self, block: RowBlock, a: torch.Tensor, rel: torch.Tensor,
                  real: torch.Tensor, top_key: torch.Tensor) -> dict[str, Sums]:
         n_heads = a.shape[1]
+        span = _offset_range(block)
+        if span is None:
+            return {}
+        limit = self.max_offset
+        # one bin per offset seen; with a limit, offsets beyond it share the end bins (far)
+        bounds = span if limit is None else (max(span[0], -limit - 1), min(span[1], limit + 1))
         weights = a * real[:, None].to(a)
         rows = block.query_valid[:, None, :].to(a.device)  # [batch, 1, q]
         if aligned(block):
             lo, mass, distance = _offset_mass_by_diagonals(weights, rows)
             top = top_key - torch.arange(a.shape[2], device=a.device) - lo
+            mass, top = _pool_bins(lo, mass, top, bounds)
         else:
-            lo, mass, distance, top = _offset_mass_by_scatter(weights, rows, rel, real, top_key)
+            mass, distance, top = _offset_mass_by_scatter(weights, rows, rel, bounds, top_key)
         n_bins = mass.shape[1]
         heads = torch.arange(n_heads, device=a.device)[None, :, None]
         valid = rows.expand_as(top)
         shares = torch.bincount((top + n_bins * heads)[valid], minlength=n_heads * n_bins)
         shares = shares.view(n_heads, n_bins).to(torch.float64)
         out: dict[str, Sums] = {"distance": distance}
-        first = int(rel[real].min()) - lo
-        last = int(rel[real].max()) - lo
-        limit = self.max_offset
-        for b in range(first, last + 1):
-            offset = lo + b
+        for b in range(n_bins):
+            offset = bounds[0] + b
             label = "far" if limit is not None and abs(offset) > limit else f"{offset:+d}"
             for stat, values in ((f"offset@{label}", mass), (f"argmax@{label}", shares)):
                 out[stat] = out[stat] + values[:, b] if stat in out else values[:, b]

@@ -58,13 +58,19 @@ from attnprobe.heads.sinks import NAMED_OFFSETS
 INDEX = ["stack", "kind", "layer", "head", "head_id"]
 SINK_COLUMNS = ("sink", "sink_rate", "column_sink")
 NOSINK_COLUMNS = ("prev", "self", "next", "max_weight", "chance_weight", "entropy_norm")
+DEFAULT_MAX_OFFSET = 64
+"""Offsets beyond ±64 tokens share one ``far`` bin by default: a bin per offset would make
+every block of a long input cost O(length) statistics (and ``.offsets()`` a table that long);
+inputs of up to 65 tokens keep every offset."""
 
 
-def census_reducers(tokenizer: Any = None, *, max_offset: int | None = None,
+def census_reducers(tokenizer: Any = None, *, max_offset: int | None = DEFAULT_MAX_OFFSET,
                     classes: dict[str, torch.Tensor] | None = None) -> list[Reducer]:
     """The census statistics as one streaming reducer. Token-class, token-match and segment
     statistics need a tokenizer (for its special and punctuation ids), or its ``classes``
-    (:func:`~attnprobe.core.tokens.token_classes`)."""
+    (:func:`~attnprobe.core.tokens.token_classes`). Offsets beyond ``±max_offset`` are
+    pooled into ``offset@far`` / ``argmax@far`` / ``argmax_nosink@far`` (``None``: a bin per
+    offset, which costs O(length) statistics per block on long inputs)."""
     if classes is None:
         classes = token_classes(tokenizer) if tokenizer is not None else {}
     return [CensusStats(classes=classes, max_offset=max_offset)]

@@ -166,6 +166,8 @@ class SinkView:
         free: ``[batch, head, query, key]`` the weights with the sink keys zeroed.
         rest: ``[batch, head, query]`` mass on the keys that are no sink.
         top_weight / top_key: ``[batch, head, query]`` the largest of ``free`` and its key.
+        seen: ``[batch, query, key]`` the pairs the block's rows may attend to
+            (:func:`pairs_seen`).
     """
 
     fixed: torch.Tensor
@@ -177,6 +179,7 @@ class SinkView:
     rest: torch.Tensor
     top_weight: torch.Tensor
     top_key: torch.Tensor
+    seen: torch.Tensor
 
     def raw_top(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(max, argmax)`` of every key of each row, as ``a.max(-1)`` gives them (the first
@@ -210,7 +213,7 @@ def sink_view(block: RowBlock, a: torch.Tensor, start_ids: torch.Tensor | None,
     free = a * free_keys[:, :, None, :].to(a)
     top_weight, top_key = free.max(-1)
     return SinkView(fixed, sinks, index, used, on_sinks, free, free.sum(-1), top_weight,
-                    top_key)
+                    top_key, seen)
 
 
 def _at_offsets(view: SinkView, rel: torch.Tensor, real: torch.Tensor, is_aligned: bool
@@ -269,7 +272,7 @@ def sink_sums(block: RowBlock, a: torch.Tensor, rel: torch.Tensor, view: SinkVie
     minus query position; ``view``: :func:`sink_view` of the block; ``row_entropy``
     ``[batch, head, query]``: ``entropy(a)`` when the caller has it already.
     """
-    seen = pairs_seen(block, a)
+    seen = view.seen
     real = block.real_keys().to(a.device)
     rest = view.rest
     only_column = view.used & ~torch.gather(view.fixed[:, None, :].expand_as(view.sinks), -1,

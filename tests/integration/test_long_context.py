@@ -252,6 +252,33 @@ def test_census_streams_a_long_context_in_row_blocks(spied_blocks, monkeypatch):
                           equal_nan=True)
 
 
+def test_census_pools_offsets_beyond_max_offset_into_far(monkeypatch):
+    n = 128
+    model, tok = _tiny_causal_lm(n)
+    text = _random_text(tok, n - 1)  # + [BOS]
+    monkeypatch.setattr(hf, "BLOCK_BYTES", 4 * n * 4 * 16)  # streamed, 16 rows a block
+    pooled = ap.heads.census(model, tok, [text], similarity=False, repeated=False)  # 64
+    every = ap.heads.census(model, tok, [text], similarity=False, repeated=False,
+                            max_offset=None)
+    keys = ["layer", "head", "offset"]
+    near, full = pooled.offsets(), every.offsets()
+    assert sorted(full["offset"].unique()) == list(range(-(n - 1), n))
+    assert sorted(near["offset"].unique()) == list(range(-64, 65))
+    inside = full[full["offset"].abs() <= 64].merge(near, on=keys, suffixes=("", "_pooled"))
+    assert len(inside) == len(near)
+    for column in ("mass", "argmax_share"):
+        assert torch.allclose(torch.tensor(inside[column].values),
+                              torch.tensor(inside[f"{column}_pooled"].values), atol=1e-6)
+    tally = pooled.tally.to_frame()
+    far = tally[tally["statistic"] == "offset@far"].set_index(["layer", "head"])["value"]
+    beyond = full[full["offset"].abs() > 64].groupby(["layer", "head"])["mass"].sum()
+    assert torch.allclose(torch.tensor(far.sort_index().values),
+                          torch.tensor(beyond.sort_index().values), atol=1e-6)
+    assert (far > 0.1).all()  # random heads of a 128-token input do look that far
+    with pytest.raises(InputError, match="max_offset"):
+        ap.heads.census(model, tok, [text], max_offset=0)
+
+
 def test_retrieval_streams_and_equals_whole_rows(spied_blocks, monkeypatch):
     blocks, _ = spied_blocks
     n = 401
