@@ -2,8 +2,9 @@
 
 ``import attnprobe`` needs only torch, numpy and pandas: transformers, captum, spaCy and
 matplotlib are imported when a function needs them, and the ``attribution``, ``perturb``,
-``plot`` and ``report`` packages load on first use (``ap.perturb.run``), so that importing
-attnprobe stays light. ``dir(attnprobe)`` lists every entry point.
+``plot``, ``report``, ``models`` and ``tasks`` packages load on first use (``ap.perturb.run``),
+so that importing attnprobe stays light. ``dir(attnprobe)`` lists every entry point (without
+loading them).
 """
 
 from importlib import import_module
@@ -33,7 +34,9 @@ from attnprobe.types import (
 )
 
 # Sub-packages loaded on first use (a light `import attnprobe`, not a way around a cycle).
-_ON_USE = ("attribution", "perturb", "plot", "report")
+_ON_USE = ("attribution", "models", "perturb", "plot", "report", "tasks")
+# Modules of the ground floor that are public too (``ap.types.MAP_COLUMNS``, ``ap.errors``).
+_MODULES = ("core", "errors", "types")
 
 __all__ = [
     "AttentionMap",
@@ -59,10 +62,12 @@ __all__ = [
     "heads",
     "load_maps",
     "load_model",
+    "models",
     "perturb",
     "plot",
     "report",
     "save_maps",
+    "tasks",
 ]
 
 
@@ -73,4 +78,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names (``__all__``, lazy packages included, none imported by listing them),
+    the public ground-floor modules and the dunders; no helper imported here."""
+    dunders = {name for name in globals() if name.startswith("__")}
+    return sorted(set(__all__) | set(_MODULES) | dunders)

@@ -18,16 +18,19 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnprobe.core import html_view
+from attnprobe.core.display import counted, describe, grid, quoted
 from attnprobe.core.divergence import row_sum_tolerance
 from attnprobe.core.files import atomic_path
-from attnprobe.core.scope import head_id
-from attnprobe.core.untrusted import (
-    DEFAULT_MAX_BYTES,
-    check_fields,
-    read_json,
-    read_npz,
-    sha256_of,
+from attnprobe.core.maps_format import (
+    FORMAT_VERSION,
+    expected_arrays,
+    is_maps_sidecar,
+    maps_paths,
+    read_sidecar,
 )
+from attnprobe.core.scope import head_id
+from attnprobe.core.untrusted import DEFAULT_MAX_BYTES, read_npz, sha256_of
 from attnprobe.errors import FileFormatError, InputError, OutputError
 
 __all__ = ["ATTRIBUTION_COLUMNS", "MAP_COLUMNS", "AttentionMap", "ModelInfo", "TokenAttribution",
@@ -40,7 +43,6 @@ MAP_COLUMNS = (
     "example_id", "stack", "kind", "layer", "head", "head_id",
     "query_pos", "key_pos", "query_token", "key_token", "weight",
 )
-FORMAT_VERSION = 1
 # Tidy column names of TokenAttribution.to_frame().
 ATTRIBUTION_COLUMNS = ("example_id", "method", "target", "position", "token", "score")
 
@@ -61,6 +63,12 @@ class ModelInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __repr__(self) -> str:
+        mask = {True: "causal", False: "bidirectional", None: "causal unknown"}[self.causal]
+        return describe("ModelInfo", f"{self.name}: {self.arch}",
+                        grid(self.n_layers, self.n_heads), mask, self.attn_implementation,
+                        self.dtype)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
@@ -168,6 +176,26 @@ class AttentionMap:
                 raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}, "
                                  f"allowed {tolerance:.3g} in {self.info.dtype}); pass "
                                  "check_rows=False for edited maps")
+
+    def __repr__(self) -> str:
+        side = self.stack.split(".")[0]
+        n_q, n_k = len(self.query_tokens), len(self.key_tokens)
+        tokens = f"{n_q} query × {counted(n_k, 'key token')}" if self.kind == "cross" \
+            or n_q != n_k else f"{n_q} × {counted(n_k, 'token')}"
+        generated = None if self.prompt_length is None else \
+            f"prompt {self.prompt_length} + {n_q - self.prompt_length} generated"
+        return describe(
+            "AttentionMap", self.info.name,
+            f"{side} {self.kind}" if side in ("encoder", "decoder") else self.kind,
+            grid(self.layers, self.heads, self.info.n_layers or None,
+                 self.info.n_heads or None),
+            tokens, generated, self.info.dtype, "with scores" if self.scores is not None else None,
+            f"example {self.example_id!r}" if self.example_id else None,
+            quoted(" ".join(self.query_tokens[:12]), 48))
+
+    def _repr_html_(self) -> str | None:
+        """Head view and model view in a notebook (:mod:`attnprobe.report.notebook`)."""
+        return html_view.html(self, "attention_map")
 
     # ----------------------------------------------------------------- views
     @property
@@ -282,6 +310,16 @@ class TokenAttribution:
             raise InputError(f"{self.method} gave NaN or inf scores for example "
                              f"{self.example_id!r}")
 
+    def __repr__(self) -> str:
+        top = int(self.scores.abs().argmax()) if len(self.scores) else None
+        return describe(
+            "TokenAttribution", f"{self.method} for {quoted(self.target, 40)}",
+            counted(len(self.tokens), "token"),
+            None if top is None else
+            f"top {quoted(self.tokens[top], 20)} {float(self.scores[top]):.3g}",
+            None if self.delta is None else f"delta {self.delta:.3g}",
+            f"example {self.example_id!r}" if self.example_id else None)
+
     def to_frame(self) -> pd.DataFrame:
         """One row per token; columns ``ATTRIBUTION_COLUMNS``."""
         n = len(self.tokens)
@@ -289,26 +327,6 @@ class TokenAttribution:
                              "target": [self.target] * n, "position": range(n),
                              "token": list(self.tokens), "score": self.scores.numpy()},
                             columns=list(ATTRIBUTION_COLUMNS))
-
-
-def maps_paths(path: str | Path) -> tuple[Path, Path]:
-    """``(npz, json)``: where :func:`save_maps` writes maps given ``path`` (``.npz`` added
-    unless present) and the ``.json`` sidecar next to it."""
-    path = Path(path)
-    npz = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
-    return npz, npz.with_suffix(".json")
-
-
-def is_maps_sidecar(path: str | Path) -> bool:
-    """Whether ``path`` is a ``.json`` sidecar written by :func:`save_maps` (saving maps may
-    replace it; any other file there is the user's and is never overwritten)."""
-    try:
-        spec = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return False
-    entries = spec.get("maps") if isinstance(spec, dict) else None
-    return isinstance(entries, list) and all(
-        isinstance(m, dict) and "format_version" in m for m in entries)
 
 
 def save_maps(maps: list[AttentionMap], path: str | Path) -> Path:
@@ -342,35 +360,6 @@ def save_maps(maps: list[AttentionMap], path: str | Path) -> Path:
     return npz
 
 
-# What a sidecar holds, as type hints; checked on load before anything is built.
-SIDECAR_FIELDS = {"npz_sha256": str, "maps": list[Any]}  # older files have no npz_sha256
-MAP_FIELDS = {"format_version": int, "query_tokens": list[str], "key_tokens": list[str],
-              "layers": list[int], "heads": list[int], "kind": str, "stack": str,
-              "example_id": str, "check_rows": bool, "info": Any, "prompt_length": int}
-MAP_REQUIRED = [name for name in MAP_FIELDS if name != "prompt_length"]  # older files lack it
-
-
-def _read_sidecar(meta: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str | None]:
-    """``(map entries, npz digest)`` of a sidecar, checked to be what save_maps writes."""
-    spec = check_fields(read_json(meta, max_bytes=max_bytes), SIDECAR_FIELDS, str(meta),
-                        required=["maps"])
-    if not spec["maps"]:
-        raise FileFormatError(f"{meta}: 'maps' is empty")
-    info_fields = get_type_hints(ModelInfo)
-    info_required = [f.name for f in fields(ModelInfo) if f.default is MISSING
-                     and f.default_factory is MISSING]
-    for i, entry in enumerate(spec["maps"]):
-        where = f"{meta}: map {i}"
-        version = entry.get("format_version", FORMAT_VERSION) if isinstance(entry, dict) \
-            else FORMAT_VERSION
-        if version != FORMAT_VERSION:  # first: a newer file may differ in every other field
-            raise FileFormatError(f"{where}: unsupported format_version {version!r} (this "
-                                  f"attnprobe reads {FORMAT_VERSION})")
-        check_fields(entry, MAP_FIELDS, where, required=MAP_REQUIRED)
-        check_fields(entry["info"], info_fields, f"{where}: info", required=info_required)
-    return spec["maps"], spec.get("npz_sha256")
-
-
 def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | None,
             where: str) -> AttentionMap:
     try:
@@ -401,12 +390,11 @@ def load_maps(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[A
     npz, meta = maps_paths(path)
     if not npz.is_file() or not meta.is_file():
         raise InputError(f"no saved maps at {npz}: expected {npz} and its sidecar {meta}")
-    entries, digest = _read_sidecar(meta, max_bytes)
-    expected: dict[str, tuple[int, ...]] = {}
-    for i, entry in enumerate(entries):
-        shape = (len(entry["layers"]), len(entry["heads"]), len(entry["query_tokens"]),
-                 len(entry["key_tokens"]))
-        expected[f"pattern_{i}"] = expected[f"scores_{i}"] = shape
+    info_required = [f.name for f in fields(ModelInfo) if f.default is MISSING
+                     and f.default_factory is MISSING]
+    entries, digest = read_sidecar(meta, max_bytes, info_fields=get_type_hints(ModelInfo),
+                                   info_required=info_required)
+    expected = expected_arrays(entries)
     if digest is not None and sha256_of(npz) != digest:
         raise FileFormatError(f"{npz} is not the file its sidecar {meta.name} was written with "
                               "(an interrupted save, or files from two saves); save again")

@@ -40,8 +40,11 @@ from attnprobe.capture.text import (
     prepare_corpus,
     truncation_mode,
 )
+from attnprobe.core import html_view
 from attnprobe.core.checks import check_positive_ints
-from attnprobe.core.distributed import run_sharded
+from attnprobe.core.display import counted, describe
+from attnprobe.core.distributed import rank_and_world, run_sharded
+from attnprobe.core.progress import StepBar
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import special_tokens
 from attnprobe.errors import InputError
@@ -89,6 +92,20 @@ class Comparison:
     skipped: tuple[str, ...] = ()
     maps: list[AttentionMap] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        table = self.table
+        attention = table[table["source_kind"] == "attention"]
+        views = ", ".join(map(str, attention["view"].unique()[:4]))
+        layers = attention["layer"].dropna().nunique()
+        return describe(
+            "Comparison", counted(table["example_id"].nunique(), "text"),
+            "methods " + ", ".join(map(str, table["method"].unique()[:4])),
+            f"views {views} at {counted(layers, 'layer')}" if views else None,
+            counted(len(table), "row"),
+            f"{counted(table['step'].max(), 'generated token')}" if "step" in table else None,
+            f"{counted(len(self.truth_table), 'truth row')}" if len(self.truth_table) else None,
+            f"{counted(len(self.skipped), 'text')} skipped" if self.skipped else None)
+
     def summary(self) -> pd.DataFrame:
         """Mean ± std over examples, and the share with ``p <= 0.05`` (rank metrics), per
         (source, method, metric); sorted so layers read in order."""
@@ -100,6 +117,10 @@ class Comparison:
         if self.truth_table.empty:
             raise InputError("no ground truth was given (compare(..., truth=...))")
         return _summarise(self.truth_table, ["source_kind", "view", "layer", "source", "metric"])
+
+    def _repr_html_(self) -> str | None:
+        """Agreement by layer and token heat in a notebook (:mod:`attnprobe.report`)."""
+        return html_view.html(self, "comparison")
 
 
 def _summarise(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -203,12 +224,17 @@ def _magnitudes(found: list[TokenAttribution], example: str) -> list[TokenAttrib
             for a in found]
 
 
-def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list, list]:
-    """Agreement rows, truth rows and every importance vector of one text (and no map)."""
+def _one_text(job: _Job, bar: StepBar, item: tuple[str, str, Any]
+              ) -> tuple[list, list, list, list]:
+    """Agreement rows, truth rows and every importance vector of one text (and no map);
+    ``bar`` advances per method and once for the attention views."""
     example, text, truth = item
     found = _magnitudes(attribute(job.model, job.tokenizer, [text], job.target, job.methods,
+                                  on_method=lambda _, name: bar.begin(f"text {example}: {name}"),
                                   **job.options), example)
     fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
+    if job.views:
+        bar.begin(f"text {example}: attention views")
     seen = run_views(job.views, ViewInput(
         text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
         job.options["truncation"], job.options["max_length"])) if job.views else []
@@ -216,11 +242,14 @@ def _one_text(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list, 
     return agreement_rows, truth_rows, [*found, *seen], []
 
 
-def _one_generation(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, list, list]:
+def _one_generation(job: _Job, bar: StepBar, item: tuple[str, str, Any]
+                    ) -> tuple[list, list, list, list]:
     """Continue one text by ``job.generate`` tokens, then explain each generated token from
     its context (the prompt and the tokens generated before it): agreement rows prefixed by
-    ``(step, position, token)``, every importance vector, and the generation's map."""
+    ``(step, position, token)``, every importance vector, and the generation's map. ``bar``
+    advances for the generation, then per generated token and method (and views)."""
     example, text, _ = item
+    bar.begin(f"text {example}: generating")
     options = job.options
     gen = generate_maps(job.model, job.tokenizer, [text], job.generate, sample=job.sample,
                         seed=options["seed"], truncation=options["truncation"],
@@ -236,8 +265,12 @@ def _one_generation(job: _Job, item: tuple[str, str, Any]) -> tuple[list, list, 
                    "attention_mask": torch.ones(1, position, dtype=torch.long)}
         name = f"{example}:step{step}"
         target = parse_target(f"next-token:{token_id}", job.model, job.tokenizer)
-        found = _magnitudes(attribute_inputs(job.model, job.tokenizer, [context], target,
-                                             job.methods, example_ids=[name], **methods), name)
+        found = _magnitudes(attribute_inputs(
+            job.model, job.tokenizer, [context], target, job.methods, example_ids=[name],
+            on_method=lambda _, method, step=step: bar.begin(
+                f"text {example} token {step}: {method}"), **methods), name)
+        if job.views:
+            bar.begin(f"text {example} token {step}: attention views")
         seen = run_views(job.views, ViewInput(
             "", job.scope, job.query, target, name, job.model, job.tokenizer,
             given_map=prefix_map(amap, position), inputs=context)) if job.views else []
@@ -272,7 +305,8 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
             allows (or than ``max_length``); skipped texts are listed in
             :attr:`Comparison.skipped`, cut ones are cut alike for every view and method.
         seed: seeds the random methods (GradientSHAP).
-        progress: a progress bar over the texts (attributions included).
+        progress: a progress bar over the steps: each attribution method on each text,
+            then the text's attention views; it names the running one.
         methods: attribution methods (:data:`attnprobe.attribution.methods.METHODS`).
         views: attention views (names in :data:`attnprobe.attribution.views.VIEWS` or
             :class:`~attnprobe.attribution.view_base.View` objects; ``None``: every registered
@@ -337,8 +371,14 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     items = [(example, text, None if truth is None else truth[int(example)])
              for example, text in zip(corpus.ids, corpus.texts, strict=True)]
     one = _one_generation if generate else _one_text
-    parts = run_sharded(partial(one, job), items, distributed=distributed,
-                        progress=progress, desc="compare", unit="text")
+    # the bar counts steps, not texts: each method on each text (and the views), so that it
+    # moves during Integrated Gradients, which takes most of the time
+    rank, world = rank_and_world(distributed)
+    steps = len(methods) + (1 if built else 0)
+    per_text = 1 + job.generate * steps if generate else steps
+    with StepBar(enabled=progress, desc="compare", total=len(items[rank::world]) * per_text,
+                 rank=rank) as bar:
+        parts = run_sharded(partial(one, job, bar), items, distributed=distributed)
     columns = STEP_COLUMNS if generate else AGREEMENT_COLUMNS
     table = pd.DataFrame([r for part in parts for r in part[0]], columns=list(columns))
     truth_table = pd.DataFrame([r for part in parts for r in part[1]],

@@ -154,7 +154,8 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
               internal_batch_size: int | None = None, batch_size: int = 8,
               max_length: int | None = None, truncation: Truncation = "error", seed: int = 0,
               embedding: nn.Module | str | None = None, budget: int = DEFAULT_BUDGET,
-              progress: bool = False) -> list[TokenAttribution]:
+              progress: bool = False,
+              on_method: Callable[[str, str], None] | None = None) -> list[TokenAttribution]:
     """Score every token of every text for ``target`` with each method.
 
     Args:
@@ -177,6 +178,8 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
             ``(n_samples + 2) × n``, leave-one-out ``n × (n − 1)``, occlusion ``n²``); a text
             over it is an error naming what to lower.
         progress: show a progress bar over the texts.
+        on_method: called as ``on_method(example_id, method_name)`` just before each method
+            runs on each text (e.g. to drive a progress bar of its own).
 
     Returns:
         One :class:`~attnprobe.types.TokenAttribution` per (text, method), text-major:
@@ -205,7 +208,8 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
                for text in texts]
     return attribute_inputs(model, tokenizer, encoded, target, built, n_steps=n_steps,
                             internal_batch_size=internal_batch_size, batch_size=batch_size,
-                            seed=seed, embedding=embedding, budget=budget, progress=progress)
+                            seed=seed, embedding=embedding, budget=budget, progress=progress,
+                            on_method=on_method)
 
 
 def attribute_inputs(model: nn.Module, tokenizer: Any,
@@ -215,8 +219,9 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
                      example_ids: Sequence[str] | None = None, n_steps: int = 50,
                      internal_batch_size: int | None = None, batch_size: int = 8,
                      seed: int = 0, embedding: nn.Module | str | None = None,
-                     budget: int = DEFAULT_BUDGET,
-                     progress: bool = False) -> list[TokenAttribution]:
+                     budget: int = DEFAULT_BUDGET, progress: bool = False,
+                     on_method: Callable[[str, str], None] | None = None
+                     ) -> list[TokenAttribution]:
     """:func:`attribute` on inputs that are already encoded, one example each.
 
     Args:
@@ -269,6 +274,8 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
                               seed=seed, batch_size=batch_size)
             tokens = tokenizer.convert_ids_to_tokens(row.tolist())
             for method in built:
+                if on_method is not None:
+                    on_method(ids[i], method.name)
                 scores, delta = method.explain(problem)
                 results.append(TokenAttribution(scores.detach(), tuple(tokens), method.name,
                                                 fixed.spec, ids[i], delta))

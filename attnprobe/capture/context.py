@@ -28,6 +28,7 @@ from attnprobe.capture.parts import (
 )
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site
+from attnprobe.core.display import counted, describe, indices
 from attnprobe.core.reducers import Reducer, Tally
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
@@ -80,6 +81,22 @@ class Capture:
     def stats(self) -> pd.DataFrame:
         """Tidy reducer results (``attnprobe.core.reducers.STAT_COLUMNS``)."""
         return self.tally.to_frame()
+
+    def __repr__(self) -> str:
+        groups: dict[tuple[str, str], list[int]] = {}
+        for site in self.sites:
+            groups.setdefault((site.stack, site.kind), []).append(site.layer)
+        where = "; ".join(f"{stack} {kind} {indices(layers)}"
+                          for (stack, kind), layers in list(groups.items())[:3])
+        maps = counted(len(self._maps), "map") if self._maps is not None else \
+            "maps built on first read" if self._assemble is not None else None
+        stats = len({stat for stat, _ in self.tally.sums})
+        return describe(
+            "Capture", f"{counted(len(self.sites), 'site')}" + (f" ({where})" if where else ""),
+            maps, f"tally of {counted(stats, 'statistic')}" if stats else None,
+            counted(len(self.edits), "edited site") if len(self.edits) else None,
+            f"live weights of {counted(len(self.live), 'forward')}" if self.live else None,
+            f"values of {counted(len(self.values), 'forward')}" if self.values else None)
 
 
 def _tensor_arg(args: tuple, kwargs: dict, name: str, position: int | None) -> Any:

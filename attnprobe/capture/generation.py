@@ -46,6 +46,7 @@ from attnprobe.capture.text import (
     token_limit,
     truncation_mode,
 )
+from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import AttentionUnavailableError, InputError
@@ -70,6 +71,10 @@ class Generated:
     @property
     def prompt_length(self) -> int:
         return int(self.amap.prompt_length or 0)
+
+    def __repr__(self) -> str:
+        return describe("Generated", f"{counted(self.prompt_length, 'prompt token')} + "
+                        f"{len(self.ids) - self.prompt_length} generated", repr(self.amap))
 
 
 def check_generation(model: nn.Module, generate: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from attnprobe.core.display import counted, describe
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
 
@@ -200,6 +201,10 @@ class Corpus:
     texts: tuple[str, ...]
     ids: tuple[str, ...]
     skipped: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return describe("Corpus", counted(len(self.texts), "text"),
+                        f"{counted(len(self.skipped), 'text')} skipped" if self.skipped else None)
 
 
 def prepare_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,

@@ -33,13 +33,14 @@ REPORT_EXAMPLE = """examples:
       --generate 8 --out r.html
 
 The page holds the model card, every head's label and scores (head grid, layer profile,
-clusters), an interactive attention view of the first --view-texts texts, the syntax table
-with --syntax, attention vs attributions with --target and a perturbation table with
---perturb. The views read the row --query says (auto: the last real token of a causal
-model, [CLS] of an encoder). With --generate N (causal language models) the shown texts are
-prompts continued by N tokens: the attention view covers prompt + generated tokens (the
-generated ones marked) and --target next-token explains every generated token. It needs
-no network: open it from disk.
+clusters), an interactive attention view and model view of the first --view-texts texts,
+the syntax table with --syntax (relations of at least 20 words), attention vs attributions
+with --target and the effect of a perturbation with --perturb (figures; both computed on the
+--view-texts texts, which the page says). The views read the row --query says (auto: the
+last real token of a causal model, [CLS] of an encoder). With --generate N (causal language
+models) the shown texts are prompts continued by N tokens: the attention view covers prompt +
+generated tokens (the generated ones marked) and --target next-token explains every generated
+token. It needs no network: open it from disk.
 """
 
 

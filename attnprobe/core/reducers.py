@@ -18,6 +18,7 @@ from typing import Protocol
 import pandas as pd
 import torch
 
+from attnprobe.core.display import counted, describe, indices
 from attnprobe.core.divergence import entropy
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import head_id
@@ -67,6 +68,13 @@ class RowBlock:
     def real_keys(self) -> torch.Tensor:
         """``[batch, key]`` bool: the key is a real token."""
         return self.key_pos >= 0
+
+    def __repr__(self) -> str:
+        batch, heads, rows, keys = self.pattern.shape
+        return describe("RowBlock", f"{counted(batch, 'example')} × {counted(heads, 'head')} × "
+                        f"{counted(rows, 'query row')} × {counted(keys, 'key')}",
+                        f"{counted(int(self.query_valid.sum()), 'real row')}",
+                        "token ids" if self.key_ids is not None else "no token ids")
 
     def require_ids(self, reducer: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key token ids, or a clear error naming the reducer that needs them."""
@@ -221,6 +229,20 @@ class Tally:
                 value, count = value
                 _accumulate(self.stat_counts, key, count.to(torch.float64))
             _accumulate(self.sums, key, value)
+
+    def __repr__(self) -> str:
+        stats = list(dict.fromkeys(stat for stat, _ in self.sums))
+        named = ", ".join(stats[:3]) + (", …" if len(stats) > 3 else "")
+        groups = {site[:2] for site in self.heads}
+        rows = sorted(set(self.counts.values()))
+        return describe(
+            "Tally", f"{counted(len(stats), 'statistic')}" + (f" ({named})" if stats else "")
+            + f" × {counted(sum(len(h) for h in self.heads.values()), 'head')} in "
+            f"{counted(len({site[2] for site in self.heads}), 'layer')}"
+            + (f" ({indices(site[2] for site in self.heads)})" if self.heads else ""),
+            f"{counted(len(groups), 'attention stack')}" if len(groups) > 1 else None,
+            counted(rows[0] if rows else 0, "row") if len(rows) <= 1 else
+            f"{counted(rows[0])}-{counted(rows[-1], 'row')} per layer")
 
     def __radd__(self, other: object) -> Tally:
         if other == 0:  # sum(tallies)

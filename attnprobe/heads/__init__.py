@@ -27,6 +27,7 @@ from attnprobe.core.reducers import (
 from attnprobe.core.tokens import token_classes
 from attnprobe.heads.census_stats import CensusStats
 from attnprobe.heads.checkpoint_diff import Diff, diff, diff_censuses
+from attnprobe.heads.copy_steps import CopySteps, find_copy_steps
 from attnprobe.heads.dependencies import SyntaxCounts, syntax
 from attnprobe.heads.head_census import Census, census
 from attnprobe.heads.labels import (
@@ -38,13 +39,7 @@ from attnprobe.heads.labels import (
 )
 from attnprobe.heads.paired_attention import AttentionChange, attention_change
 from attnprobe.heads.probe import repeated_token_scores
-from attnprobe.heads.retrieval import (
-    CopySteps,
-    RetrievalHits,
-    copy_accuracy,
-    find_copy_steps,
-    retrieval_scores,
-)
+from attnprobe.heads.retrieval import RetrievalHits, copy_accuracy, retrieval_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.sinks import SinkRule
 from attnprobe.heads.summary import classify, summarize, tally_maps

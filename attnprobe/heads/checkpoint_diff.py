@@ -29,6 +29,7 @@ from pandas.api import types as ptypes
 from torch import nn
 
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation, check_texts
+from attnprobe.core import html_view
 from attnprobe.core.scope import ScopeLike
 from attnprobe.errors import InputError
 from attnprobe.heads.head_census import Census, census
@@ -219,6 +220,10 @@ class Diff:
             table["top_head"] = top["head_id"].to_numpy()
             table["cosine"] = grouped["cosine"].mean().to_numpy()
         return table
+
+    def _repr_html_(self) -> str | None:
+        """Change per head and per layer in a notebook (:mod:`attnprobe.report`)."""
+        return html_view.html(self, "diff")
 
     def __repr__(self) -> str:
         try:

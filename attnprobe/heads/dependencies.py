@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnprobe.core.display import counted, describe
+from attnprobe.core.merging import Summable
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
 from attnprobe.heads.trees import Tree
@@ -55,7 +57,7 @@ def _add(store: dict, key: object, value: torch.Tensor) -> None:
 
 
 @dataclass
-class SyntaxCounts:
+class SyntaxCounts(Summable):
     """Mergeable counts for scoring heads against dependency trees.
 
     Attributes (keys hold the ``(stack, kind)`` group):
@@ -76,12 +78,19 @@ class SyntaxCounts:
     related: dict[Group, torch.Tensor] = field(default_factory=dict)
     mass: dict[Group, torch.Tensor] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------------- merging
-    def __radd__(self, other: object) -> SyntaxCounts:
-        if other == 0:  # sum(counts)
-            return self
-        return NotImplemented
+    def __repr__(self) -> str:
+        return describe("SyntaxCounts", counted(sum(len(layers) * len(heads) for layers, heads
+                                                    in self.grids.values()), "head"),
+                        f"{counted(self.scored_words, 'word')} with a head",
+                        counted(len({r for _, r in self.words} - {ALL}), "relation"),
+                        f"offset baselines {', '.join(f'{o:+d}' for o in self.offsets)}")
 
+    @property
+    def scored_words(self) -> int:
+        """Words scored (those with a head word; the most of any attention group)."""
+        return max((n for (_, name), n in self.words.items() if name == ALL), default=0)
+
+    # ------------------------------------------------------------------------- merging
     def __add__(self, other: SyntaxCounts) -> SyntaxCounts:
         if not isinstance(other, SyntaxCounts):
             return NotImplemented

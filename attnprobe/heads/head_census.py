@@ -22,7 +22,7 @@ from torch import nn
 
 from attnprobe.capture.calls import BatchPatterns, positions
 from attnprobe.capture.context import capture
-from attnprobe.capture.info import model_scope
+from attnprobe.capture.info import model_info, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
@@ -30,6 +30,8 @@ from attnprobe.capture.text import (
     max_length_of,
     truncation_mode,
 )
+from attnprobe.core import html_view
+from attnprobe.core.display import counted, describe, grid
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.reducers import Reducer, RowBlock, Tally
 from attnprobe.core.scope import Scope, ScopeLike
@@ -40,7 +42,13 @@ from attnprobe.heads.census_batches import CensusBatch, plan_batches
 from attnprobe.heads.dependencies import SyntaxCounts, score_batch
 from attnprobe.heads.probe import probe_length as resolve_probe_length
 from attnprobe.heads.probe import repeated_token_scores
-from attnprobe.heads.scores import INDEX, census_reducers, offset_table, wide_scores
+from attnprobe.heads.scores import (
+    DEFAULT_MAX_OFFSET,
+    INDEX,
+    census_reducers,
+    offset_table,
+    wide_scores,
+)
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.trees import Tree, parse
 from attnprobe.heads.words import to_words
@@ -74,6 +82,11 @@ class StackedSums:
         return StackedSums(self.stack, self.kind, self.layers, self.heads,
                            self.rows + other.rows, sums)
 
+    def __repr__(self) -> str:
+        return describe("StackedSums", f"{self.stack} {self.kind}",
+                        grid(self.layers, self.heads), counted(len(self.sums), "statistic"),
+                        counted(self.rows, "row"))
+
     def to_tally(self) -> Tally:
         tally = Tally()
         n_heads = len(self.heads)
@@ -106,6 +119,22 @@ class CensusPart:
                           plus(self.distances, other.distances),
                           self.sentences + other.sentences)
 
+    def shape(self) -> tuple[int, int, float]:
+        """``(heads, layers, rows)`` summed over: every (stack, kind, layer, head) site, the
+        distinct layers, and the most query rows any layer saw (the corpus' tokens)."""
+        heads = {(*site, h) for site, hs in self.tally.heads.items() for h in hs}
+        heads |= {(s.stack, s.kind, layer, h) for s in self.stacked.values()
+                  for layer in s.layers for h in s.heads}
+        rows = [*self.tally.counts.values(), *(s.rows for s in self.stacked.values()), 0.0]
+        return len(heads), len({h[2] for h in heads}), max(rows)
+
+    def __repr__(self) -> str:
+        heads, layers, rows = self.shape()
+        return describe("CensusPart", counted(self.sentences, "sentence"), counted(rows, "row"),
+                        f"{counted(heads, 'head')} in {counted(layers, 'layer')}",
+                        "syntax" if self.syntax is not None else None,
+                        "head distances" if self.distances is not None else None)
+
     def full_tally(self) -> Tally:
         """Streaming and stacked sums together, per (stack, kind, layer)."""
         return sum((s.to_tally() for s in self.stacked.values()), self.tally)
@@ -131,10 +160,28 @@ class Census:
     probe: Tally | None = None
     scope: Scope = field(default_factory=Scope)
     probe_length: int | None = None
+    model: str = ""  # the model's name (ModelInfo.name), shown by repr
 
     @property
     def n_sentences(self) -> int:
         return self.part.sentences
+
+    def __repr__(self) -> str:
+        heads, layers, rows = self.part.shape()
+        syntax = self.part.syntax
+        return describe(
+            "Census", f"{self.model + ': ' if self.model else ''}{counted(heads, 'head')} in "
+            f"{counted(layers, 'layer')}", counted(self.n_sentences, "sentence"),
+            counted(rows, "token"),
+            None if syntax is None else f"syntax on {counted(syntax.scored_words, 'word')}",
+            "head distances" if self.part.distances is not None else None,
+            None if self.probe is None else f"repeated-token probe of {self.probe_length}",
+            f"{counted(len(self.skipped), 'sentence')} skipped" if self.skipped else None,
+            None if self.scope.is_all else f"scope {str(self.scope)[:40]}")
+
+    def _repr_html_(self) -> str | None:
+        """Head grid by label and the label table in a notebook (:mod:`attnprobe.report`)."""
+        return html_view.html(self, "census")
 
     @property
     def tally(self) -> Tally:
@@ -263,7 +310,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
            similarity: bool = True, similarity_rows: int | None = 16, repeated: bool = True,
            probe_length: int | None = None, max_length: int | None = None, window: int = 3,
            min_count: int = 20, from_agg: str = "mean", nlp: Any = None,
-           distributed: bool | None = None) -> Census:
+           distributed: bool | None = None,
+           max_offset: int | None = DEFAULT_MAX_OFFSET) -> Census:
     """Score every head of ``model`` over a corpus.
 
     Args:
@@ -290,6 +338,10 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
             cannot hold is an error.
         distributed: split batches across the ranks of an initialised ``torch.distributed``
             process group and all-gather the parts (default: when a group is initialised).
+        max_offset: relative offsets beyond ±max_offset (default 64) share one ``far`` bin
+            in ``.offsets()`` and the argmax (``pos_*``) statistics; sentences of up to 65
+            tokens keep every offset. ``None`` keeps a bin per offset (on long inputs every
+            block of rows then costs O(length) statistics).
 
     Returns:
         A :class:`Census`; ``.scores()``, ``.classify()``, ``.syntax()``, ``.layer_profile()``,
@@ -302,6 +354,10 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                                         or similarity_rows < 1):
         raise InputError(f"similarity_rows must be a positive integer or None (every row); "
                          f"got {similarity_rows!r}")
+    if max_offset is not None and (isinstance(max_offset, bool) or not isinstance(max_offset, int)
+                                   or max_offset < 1):
+        raise InputError(f"max_offset must be a positive integer or None (every offset); "
+                         f"got {max_offset!r}")
     truncation = truncation_mode(truncation)
     scope = model_scope(model, scope)
     classes = token_classes(tokenizer)
@@ -327,8 +383,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                          "(read_conllu or parse make them; raw sentences go in texts)")
     batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
                                     truncation=truncation, max_length=max_length)
-    run = _Run(model, scope, census_reducers(classes=classes), similarity, similarity_rows,
-               from_agg)
+    reducers = census_reducers(classes=classes, max_offset=max_offset)
+    run = _Run(model, scope, reducers, similarity, similarity_rows, from_agg)
     parts = run_sharded(partial(_run_batch, run), batches,
                         distributed=distributed, progress=progress, desc="census")
     merged = CensusPart()
@@ -336,4 +392,5 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
         merged = merged + part
     probe = repeated_token_scores(model, tokenizer, length=probe_length, classes=classes,
                                   seed=seed, scope=scope) if repeated else None
-    return Census(merged, skipped, window, min_count, probe, scope, probe_length)
+    return Census(merged, skipped, window, min_count, probe, scope, probe_length,
+                  model=model_info(model, implementation="").name)

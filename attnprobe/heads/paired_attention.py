@@ -34,8 +34,10 @@ from attnprobe.capture.text import (
     model_inputs,
     truncation_mode,
 )
+from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.divergence import jsd
+from attnprobe.core.merging import Summable, trivial_merge
 from attnprobe.core.scope import ScopeLike, head_id
 from attnprobe.errors import InputError
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
@@ -56,7 +58,7 @@ def _empty() -> torch.Tensor:
 
 
 @dataclass
-class AttentionChange:
+class AttentionChange(Summable):
     """Mergeable per-head sums comparing two models' weights on the same query rows.
 
     Attributes (one entry per head of ``heads``, float64):
@@ -117,20 +119,19 @@ class AttentionChange:
                    *(torch.cat([getattr(p, name) for p in parts]) if parts else _empty()
                      for name in ("js", "js_max", "cosine", "rows", "examples")))
 
-    def __radd__(self, other: object) -> AttentionChange:
-        if other == 0:
-            return self
-        return NotImplemented
+    def __repr__(self) -> str:
+        rows = float(self.rows.max()) if len(self.rows) else 0.0
+        js = float(self.js.sum() / self.rows.sum()) if float(self.rows.sum()) else None
+        return describe("AttentionChange", counted(len(self.heads), "head"),
+                        counted(float(self.examples.max()) if len(self.examples) else 0,
+                              "example"), counted(rows, "row"),
+                        None if js is None else f"mean JS {js:.3g} nats")
 
     def __add__(self, other: AttentionChange) -> AttentionChange:
         if not isinstance(other, AttentionChange):
             return NotImplemented
-        if not self.heads:
-            return other
-        if not other.heads:
-            return self
-        if self.heads != other.heads:
-            raise InputError("cannot merge attention changes over different heads")
+        if (trivial := trivial_merge(self, other, "attention changes")) is not None:
+            return trivial
         return AttentionChange(self.heads, self.js + other.js,
                                torch.maximum(self.js_max, other.js_max),
                                self.cosine + other.cosine, self.rows + other.rows,

@@ -15,7 +15,9 @@ import pandas as pd
 import torch
 
 from attnprobe.capture.calls import BatchPatterns
+from attnprobe.core.display import counted, describe
 from attnprobe.core.divergence import entropy
+from attnprobe.core.merging import Summable, trivial_merge
 from attnprobe.core.optional import require
 from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
@@ -49,7 +51,7 @@ def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class HeadDistances:
+class HeadDistances(Summable):
     """Mergeable JS sums between heads. ``a + b`` adds sums and row counts exactly."""
 
     heads: tuple[HeadKey, ...] = ()
@@ -79,20 +81,16 @@ class HeadDistances:
         flat = rows.reshape(n_layers * n_heads, -1, k_len)
         return cls(keys, pairwise_js(flat), float(flat.shape[1]))
 
-    def __radd__(self, other: object) -> HeadDistances:
-        if other == 0:
-            return self
-        return NotImplemented
+    def __repr__(self) -> str:
+        n = len(self.heads)
+        return describe("HeadDistances", counted(n, "head"), counted(n * (n - 1) // 2, "pair"),
+                        counted(self.rows, "row"))
 
     def __add__(self, other: HeadDistances) -> HeadDistances:
         if not isinstance(other, HeadDistances):
             return NotImplemented
-        if not self.heads:
-            return other
-        if not other.heads:
-            return self
-        if self.heads != other.heads:
-            raise InputError("cannot merge head distances over different heads")
+        if (trivial := trivial_merge(self, other, "head distances")) is not None:
+            return trivial
         return HeadDistances(self.heads, self.sums + other.sums, self.rows + other.rows)
 
     def matrix(self) -> pd.DataFrame:

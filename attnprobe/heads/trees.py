@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnprobe.core.display import counted, describe, quoted
 from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
 
@@ -85,6 +86,13 @@ class Tree:
 
     def __len__(self) -> int:
         return len(self.words)
+
+    def __repr__(self) -> str:
+        roots = [w for w, h in zip(self.words, self.heads, strict=True) if h == 0]
+        return describe("Tree", repr(self.sentence_id[:20]), counted(len(self.words), "word"),
+                        f"root {quoted(roots[0], 20)}" + (f" +{len(roots) - 1}" if len(roots) > 1
+                                                          else ""),
+                        quoted(" ".join(self.words[:16]), 60))
 
 
 def _head_index(value: Any) -> int:

@@ -34,6 +34,7 @@ from torch import nn
 
 from attnprobe.capture import capture
 from attnprobe.core import divergence
+from attnprobe.core.display import counted, describe, indices
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
 
@@ -74,6 +75,13 @@ class AdversarialResult:
     attention: torch.Tensor = field(repr=False)
     original: torch.Tensor = field(repr=False)
     note: str = ""
+
+    def __repr__(self) -> str:
+        best = self.max_jsd_within_eps
+        return describe("AdversarialResult", f"layer {self.layer} heads {indices(self.heads)}",
+                        f"eps {self.eps:g}", counted(len(self.jsd), "adversary", "adversaries"),
+                        f"{self.n_within_eps} within eps",
+                        "no max JSD" if best is None else f"max JSD {best:.3g} nats")
 
     @property
     def n_within_eps(self) -> int:

@@ -40,6 +40,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnprobe.core import html_view
 from attnprobe.core.scope import Scope
 
 __all__ = ["RUN_COLUMNS", "tidy"]
@@ -114,4 +115,4 @@ def tidy(experiment: str, rows: Iterable[Any], n_layers: int, n_heads: int) -> p
                         f"columns: {clash}")
     for name in names:
         table[name] = _typed([_cell(r.params.get(name)) for r in rows])
-    return table
+    return html_view.attach(table, "perturbation")  # still exactly a DataFrame

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnprobe.core.display import counted, describe
 from attnprobe.errors import InputError
 from attnprobe.tasks.keytoken import KeyTokenData, make_examples
 
@@ -110,6 +111,13 @@ class TrainedClassifier(NamedTuple):
     train: KeyTokenData
     held_out: KeyTokenData
     result: dict[str, Any]
+
+    def __repr__(self) -> str:
+        accuracy = self.result.get("held_out_accuracy")
+        return describe("TrainedClassifier", f"{self.name} on {self.task}",
+                        f"{counted(len(self.train), 'training text')}, "
+                        f"{counted(len(self.held_out), 'held-out text')}",
+                        None if accuracy is None else f"held-out accuracy {accuracy:.3g}")
 
 
 def train_reference_classifiers(tasks: Sequence[str], models: Sequence[str], *, n_train: int,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnprobe.core.display import counted, describe
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 from attnprobe.models.tokenizer import KEYTOKEN_WORDS
@@ -173,6 +174,11 @@ class KeyTokenData:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def __repr__(self) -> str:
+        return describe("KeyTokenData", self.task, counted(len(self.texts), "text"),
+                        f"{counted(int(self.labels.sum()))} labelled 1",
+                        f"{counted(len(self.vocab), 'word')} of vocabulary")
 
     @property
     def words(self) -> list[list[str]]:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from attnprobe.core.checks import check_number
+from attnprobe.core.display import counted, describe
 from attnprobe.errors import InputError
 from attnprobe.models.induction import N_SYMBOLS, induction_tokenizer
 from attnprobe.models.tokenizer import WordTokenizer
@@ -59,6 +60,12 @@ class Needles:
     @property
     def length(self) -> int:
         return self.input_ids.shape[1]
+
+    def __repr__(self) -> str:
+        return describe("Needles", f"{counted(self.input_ids.shape[0], 'context')} × "
+                        f"{counted(self.length, 'token')}",
+                        f"needle of {counted(self.needle_len, 'token')} at depth {self.depth:g}",
+                        f"prefix {self.prefix_len}", "distinct" if self.distinct else None)
 
     @property
     def copy_start(self) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnprobe.core.display import counted, describe
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 
@@ -99,6 +100,11 @@ class TaskBatch:
     decoder_mask: torch.Tensor
     labels: torch.Tensor
     alignment: tuple[torch.Tensor, ...]
+
+    def __repr__(self) -> str:
+        return describe("TaskBatch", self.task, counted(self.source.shape[0], "example"),
+                        f"sources of up to {counted(self.source.shape[1], 'word')}",
+                        f"targets of up to {counted(self.labels.shape[1] - 1, 'word')}")
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of an attnprobe encoder–decoder reference model."""

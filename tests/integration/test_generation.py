@@ -179,10 +179,15 @@ def test_compare_explains_every_generated_token_from_its_context(induction):
             assert torch.allclose(got.scores, view.scores, atol=1e-6)  # auto: the last row
 
 
-def test_compare_generate_on_a_gpt2_lm():
+def test_compare_generate_on_a_gpt2_lm(capsys):
     model, tok = causal_lm("gpt2")
     result = compare(model, tok, PROMPTS[:2], "next-token", generate=2,
-                     methods=["saliency"], views=["raw", "attn_x_grad"])
+                     methods=["saliency"], views=["raw", "attn_x_grad"], progress=True)
+    # per text: the generation, then per generated token its method and its views: 2 × 5
+    err = capsys.readouterr().err
+    for piece in ("0/10", "text 0: generating", "1/10", "text 0 token 1: saliency",
+                  "text 0 token 2: attention views", "text 1: generating", "10/10"):
+        assert piece in err, piece
     assert set(result.table.example_id) == {"0", "1"}
     assert len(result.maps) == 2 and [m.prompt_length for m in result.maps] == [6, 2]
     # the step-1 view of text 1 reads the last prompt row: raw@L0 over its 2 tokens

@@ -132,3 +132,53 @@ def test_hostile_keys_run_nothing_and_tokens_are_isolated(browser, tmp_path):
     # the attention view shows the control the same way
     view = [t.text for t in browser.find_elements("css selector", "#ap-view .left .tok")]
     assert view == shown
+
+
+def test_model_view_click_opens_the_head_and_its_panel(browser, tmp_path):
+    """The 122-token, 72-head page: a thumbnail per head; clicking one selects it in the
+    head view and shows that head's census panel (label and evidence from the table)."""
+    from tests.unit.report.test_build import classified, random_map
+
+    tokens = ["[CLS]", *(f"tok{i}" for i in range(120)), "[SEP]"]
+    heads = classified(6, 12)
+    page = ap.report.build(maps=[random_map(tokens, layers=6, heads=12, seed=1)],
+                           census=heads).save(tmp_path / "model_view.html")
+    browser.get(page.as_uri())
+    thumbs = browser.find_elements("css selector", "#ap-view .ap-model canvas")
+    assert len(thumbs) == 6 * 12
+    assert [t.get_attribute("data-l") for t in thumbs[11:13]] == ["0", "1"]  # row per layer
+    row = heads.set_index("head_id").loc["L4H7"]
+    target = thumbs[4 * 12 + 7]
+    assert target.get_attribute("title") == f"L4H7: {row['label']}"
+    target.click()
+    assert "on" in target.get_attribute("class").split()
+    assert browser.find_element("css selector", ".sel-layer").get_attribute("value") == "4"
+    assert browser.find_element("css selector", ".sel-head").get_attribute("value") == "7"
+    assert browser.find_element("css selector", ".ap-current").text == "layer 4, head 7 (L4H7)"
+    shown = [d for d in browser.find_elements("css selector", ".ap-detail") if d.is_displayed()]
+    assert len(shown) == 1
+    assert shown[0].find_element("css selector", "h3").text.startswith(f"L4H7: {row['label']}")
+    assert shown[0].find_element("css selector", ".evidence").text == row["evidence"]
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_notebook_fragments_share_one_page(browser, tmp_path):
+    """Two attention-map outputs and a perturbation output on one page: each view mounts on
+    its own data (its own thumbnails and tokens), and nothing logs an error."""
+    from tests.unit.report.test_build import random_map
+
+    first = random_map(["[CLS]", "a", "<b>b</b>", "[SEP]"], layers=2, heads=3)
+    second = random_map(["[CLS]", "x", "[SEP]"], layers=1, heads=2)
+    path = tmp_path / "notebook.html"
+    path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+                    + first._repr_html_() + second._repr_html_() + "</body></html>",
+                    encoding="utf-8")
+    browser.get(path.as_uri())
+    views = browser.find_elements("css selector", ".ap-view")
+    assert [len(v.find_elements("css selector", ".ap-model canvas")) for v in views] == [6, 2]
+    assert [t.text for t in views[0].find_elements("css selector", ".left .tok")] == \
+        ["[CLS]", "a", "<b>b</b>", "[SEP]"]
+    views[1].find_elements("css selector", ".ap-model canvas")[1].click()
+    assert views[1].find_element("css selector", ".ap-current").text == "layer 0, head 1 (L0H1)"
+    assert views[0].find_element("css selector", ".ap-current").text == "layer 0, head 0 (L0H0)"
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

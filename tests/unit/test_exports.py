@@ -50,12 +50,22 @@ def test_compare_and_run_are_functions_on_repeated_use():
 def test_dir_lists_every_entry_point_and_on_use_packages_load_lazily():
     listed = set(dir(ap))
     for name in ("load_model", "extract", "capture", "head_stats", "perturb", "attribution",
-                 "report", "plot", "heads", "Scope", "save_maps", "load_maps", "__version__"):
+                 "report", "plot", "heads", "models", "tasks", "Scope", "save_maps",
+                 "load_maps", "AttentionMap", "Capture", "__version__", "types", "errors"):
         assert name in listed, name
     assert set(ap.__all__) <= listed
-    code = ("import sys, attnprobe as ap; d = dir(ap); "
-            "print([m for m in ('attnprobe.perturb', 'attnprobe.attribution', "
-            "'attnprobe.report', 'attnprobe.plot', 'matplotlib') if m in sys.modules])")
+    # what __init__ imports for itself is no entry point, so tab completion does not offer it
+    assert not listed & {"Any", "import_module", "_ON_USE", "loading"}
+    lazy = ("attnprobe.perturb", "attnprobe.attribution", "attnprobe.report", "attnprobe.plot",
+            "attnprobe.tasks", "matplotlib", "captum", "jinja2")
+    code = (f"import sys, attnprobe as ap; d = dir(ap); assert 'tasks' in d and 'perturb' in d; "
+            f"print([m for m in {lazy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_listed_name_resolves():
+    for name in ap.__all__:
+        assert getattr(ap, name) is not None, name
+    assert ap.tasks.needle_task is not None and ap.models is not None

@@ -98,15 +98,34 @@ def test_top_k_sets_the_overlap_size_and_nothing_else(bert, top_k):
         assert set(overlap.value) == {0.0, 1.0}
 
 
-def test_progress_bar_counts_texts_through_the_attributions(bert, capsys):
+def test_progress_bar_counts_each_method_on_each_text_and_names_the_running_one(bert, capsys):
     model, tok = bert
-    compare(model, tok, [*SHORT, SHORT[0]], "class:1", views=["raw"], methods=["saliency"],
+    compare(model, tok, SHORT, "class:1", views=["raw"], methods=["saliency", "leave_one_out"],
             progress=True)
     err = capsys.readouterr().err
-    assert "compare" in err and "3/3" in err and "text" in err
+    # 2 texts × (2 methods + the views) = 6 steps; every step is named while it runs, after
+    # the count of the steps done before it (so the bar moves between the methods)
+    expected = ["0/6", "text 0: saliency", "1/6", "text 0: leave_one_out", "2/6",
+                "text 0: attention views", "3/6", "text 1: saliency", "4/6",
+                "text 1: leave_one_out", "5/6", "text 1: attention views", "6/6"]
+    at = 0
+    for piece in expected:
+        found = err.find(piece, at)
+        assert found >= 0, (piece, err[at:])
+        at = found + len(piece)
+    assert "step" in err and "compare" in err
     assert "attribute" not in err  # one bar: the attributions run inside it
     compare(model, tok, SHORT, "class:1", views=["raw"], methods=["saliency"])
     assert capsys.readouterr().err == ""
+
+
+def test_progress_bar_without_views_counts_only_the_methods(bert, capsys):
+    model, tok = bert
+    compare(model, tok, [*SHORT, SHORT[0]], "class:1", views=[], methods=["saliency",
+                                                                          "leave_one_out"],
+            progress=True)
+    err = capsys.readouterr().err
+    assert "6/6" in err and "attention views" not in err and "text 2: leave_one_out" in err
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -9,15 +9,8 @@ import torch
 import attnprobe as ap
 from attnprobe.core.reducers import RowBlock
 from attnprobe.errors import InputError
-from attnprobe.heads.retrieval import (
-    COLUMNS,
-    CopySteps,
-    RetrievalHits,
-    as_copy_steps,
-    copy_accuracy,
-    find_copy_steps,
-    retrieval_scores,
-)
+from attnprobe.heads.copy_steps import CopySteps, as_copy_steps, find_copy_steps
+from attnprobe.heads.retrieval import COLUMNS, RetrievalHits, copy_accuracy, retrieval_scores
 from tests.conftest import track
 
 
@@ -280,14 +273,14 @@ def find_copy_tensors(ids):
 
 
 def test_batches_keep_padded_masks_small(monkeypatch):
-    from attnprobe.heads import retrieval
+    from attnprobe.heads import copy_steps
 
     lengths = [10, 3, 10, 9]
     ids = torch.zeros(4, 10, dtype=torch.long)
     mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
     steps = CopySteps(ids, mask, torch.full_like(ids, -1), torch.zeros_like(mask).bool(),
                       ("a", "b", "c", "d"))
-    monkeypatch.setattr(retrieval, "MASK_CELLS", 250)  # 2 x 9² fits, 3 x 10² does not
+    monkeypatch.setattr(copy_steps, "MASK_CELLS", 250)  # 2 x 9² fits, 3 x 10² does not
     batches = steps.batches(4)
     assert [b.ids for b in batches] == [("a", "c"), ("d", "b")]  # equal lengths always share
     assert [b.input_ids.shape[1] for b in batches] == [10, 9]
