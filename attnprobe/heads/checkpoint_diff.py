@@ -28,7 +28,7 @@ import pandas as pd
 from pandas.api import types as ptypes
 from torch import nn
 
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation, check_texts
+from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
 from attnprobe.core import html_view
 from attnprobe.core.scope import ScopeLike
 from attnprobe.errors import InputError
@@ -40,7 +40,7 @@ from attnprobe.heads.paired_attention import (
     check_pair,
     common_max_length,
 )
-from attnprobe.heads.trees import Tree, parse
+from attnprobe.heads.trees import Tree, texts_or_trees
 
 __all__ = ["KEY", "Diff", "diff", "diff_censuses"]
 
@@ -280,12 +280,7 @@ def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
-    if texts is not None:
-        texts = check_texts(texts)
-        if syntax:
-            trees, texts = parse(texts, nlp=nlp), None
-    elif syntax is False:
-        raise InputError("trees were given but syntax=False; pass texts instead")
+    texts, trees = texts_or_trees(texts, trees, syntax, nlp)
     limit = common_max_length(model_a, model_b, tokenizer, tokenizer_b, max_length)
     shared = dict(trees=trees, scope=scope, batch_size=batch_size, truncation=truncation,
                   progress=progress, max_length=limit, distributed=distributed)

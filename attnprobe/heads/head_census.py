@@ -26,7 +26,6 @@ from attnprobe.capture.info import model_info, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
-    check_texts,
     max_length_of,
     truncation_mode,
 )
@@ -50,7 +49,7 @@ from attnprobe.heads.scores import (
     wide_scores,
 )
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
-from attnprobe.heads.trees import Tree, parse
+from attnprobe.heads.trees import Tree, texts_or_trees
 from attnprobe.heads.words import to_words
 
 
@@ -366,12 +365,7 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                                             max_length=max_length_of(model, tokenizer))
     elif probe_length is not None:
         raise InputError("probe_length needs the repeated-token probe; drop repeated=False")
-    if texts is not None:
-        texts = check_texts(texts)
-        if syntax:
-            trees, texts = parse(texts, nlp=nlp), None
-    elif syntax is False:
-        raise InputError("trees were given but syntax=False; pass texts instead")
+    texts, trees = texts_or_trees(texts, trees, syntax, nlp)
     if isinstance(trees, (str, Tree)):
         raise InputError("trees must be a list of Tree objects; wrap a single tree in a list")
     trees = list(trees) if trees is not None else None

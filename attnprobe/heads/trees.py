@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnprobe.capture.text import check_texts
 from attnprobe.core.display import counted, describe, quoted
 from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
@@ -340,3 +341,18 @@ def parse(texts: Sequence[str], nlp: Any = None, batch_size: int = 64) -> list[T
                              "with a 'parser' component")
         trees.append(_tree_of_doc(doc, str(i + 1), texts[i]))
     return trees
+
+
+def texts_or_trees(texts: Sequence[str] | None, trees: Sequence[Tree] | None,
+                   syntax: bool | None, nlp: Any = None
+                   ) -> tuple[list[str] | None, Sequence[Tree] | None]:
+    """``(texts, trees)`` of a corpus analysis that takes either: texts are checked, and
+    parsed into trees (``nlp`` or the packaged pipeline) when ``syntax`` is true; trees with
+    ``syntax=False`` are an error (there is nothing else to read from them)."""
+    if texts is not None:
+        texts = check_texts(texts)
+        if syntax:
+            return None, parse(texts, nlp=nlp)
+    elif syntax is False:
+        raise InputError("trees were given but syntax=False; pass texts instead")
+    return texts, trees

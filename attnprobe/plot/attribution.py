@@ -16,6 +16,7 @@ from attnprobe.plot.common import (
     axes_for,
     check_table,
     done,
+    known_subset,
     new_figure,
     seaborn,
     set_token_ticks,
@@ -96,12 +97,8 @@ def agreement_by_layer(comparison: Any, *, metric: str = "kendall_tau",
         if method not in methods:
             raise InputError(f"no method {method!r} in the comparison; it has {methods}")
         methods = [method]
-    chosen = list(dict.fromkeys(layered["view"].astype(str)))
-    if views is not None:
-        unknown = [v for v in views if v not in chosen]
-        if unknown:
-            raise InputError(f"no view {unknown} in the comparison; it has {chosen}")
-        chosen = list(views)
+    chosen = known_subset(list(dict.fromkeys(layered["view"].astype(str))), views, "view",
+                          "in the comparison")
     if ax is not None and len(methods) > 1:
         raise InputError(f"several methods {methods}; pass method= to draw into one ax")
     if ax is None:
@@ -202,12 +199,8 @@ def token_heat(attributions: Any, *, example_id: str | None = None, target: str 
         tokens.
     """
     table = _pick(_pick(token_scores(attributions), "example_id", example_id), "target", target)
-    present = list(dict.fromkeys(table["method"].astype(str)))
-    if methods is not None:
-        unknown = [m for m in methods if m not in present]
-        if unknown:
-            raise InputError(f"no method {unknown} for this example; it has {present}")
-        present = list(methods)
+    present = known_subset(list(dict.fromkeys(table["method"].astype(str))), methods,
+                           "method", "for this example")
     rows: list[np.ndarray] = []
     tokens: tuple[str, ...] | None = None
     for name in present:

@@ -21,8 +21,8 @@ from attnprobe.errors import InputError
 from attnprobe.heads.label_rules import RULES
 
 __all__ = ["HEAD_KEYS", "SPARE_PALETTE", "axes_for", "check_table", "done", "head_matrix",
-           "label_colours", "label_order", "legend_marker", "legend_patch", "new_figure",
-           "one_stack", "seaborn", "set_token_ticks", "single_head", "table_from"]
+           "known_subset", "label_colours", "label_order", "legend_marker", "legend_patch",
+           "new_figure", "one_stack", "seaborn", "set_token_ticks", "single_head", "table_from"]
 
 HEAD_KEYS = ("stack", "kind", "layer", "head")
 # colours for labels whose rule has none, and for values that are not labels (``family``)
@@ -90,6 +90,18 @@ def table_from(obj: Any, method: str, what: str, *, call: Callable[[Any], pd.Dat
         return call(obj) if call is not None else getattr(obj, method)()
     raise InputError(f"expected {what} or its {method}() table (a DataFrame); "
                      f"got {type(obj).__name__}")
+
+
+def known_subset(present: Sequence[str], wanted: Sequence[str] | None, what: str,
+                 where: str) -> list[str]:
+    """``wanted`` (in its order) when every item is ``present``, or all of ``present`` when
+    ``wanted`` is None; an unknown item is a one-line error naming what there is."""
+    if wanted is None:
+        return list(present)
+    unknown = [w for w in wanted if w not in present]
+    if unknown:
+        raise InputError(f"no {what} {unknown} {where}; it has {list(present)}")
+    return list(wanted)
 
 
 def check_table(table: pd.DataFrame, columns: Iterable[str], what: str) -> pd.DataFrame:

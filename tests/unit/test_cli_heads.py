@@ -431,14 +431,14 @@ def test_a_conllu_file_with_a_cycle_is_refused_with_its_line(tiny_bert, tmp_path
 # wrapped only to say on stderr when it starts, so the signal lands inside it.
 ANNOUNCE_PARSE = """
 import sys
-import attnprobe.heads.head_census as head_census
-parse = head_census.parse
+import attnprobe.heads.trees as trees
+parse = trees.parse
 
 def announced(*args, **kwargs):
     print("parsing", file=sys.stderr, flush=True)
     return parse(*args, **kwargs)
 
-head_census.parse = announced
+trees.parse = announced
 from attnprobe.cli import main
 sys.exit(main(sys.argv[1:]))
 """
