@@ -289,23 +289,27 @@ def sink_sums(block: RowBlock, a: torch.Tensor, rel: torch.Tensor, view: SinkVie
     several = valid & (m >= 2)
     log_m = torch.where(several, m, 2.0).log()
 
-    def over(rows: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.where(rows, values, 0.0).sum(dim=(0, 2), dtype=torch.float64),
-                torch.where(rows, rest, 0.0).sum(dim=(0, 2), dtype=torch.float64))
-
-    out: dict[str, Sums] = {
-        "sink": block.masked_row_sum(sink),
-        "sink_rate": block.masked_row_sum((sink > rule.epsilon).to(a)),
-        "column_sink": block.masked_row_sum(column),
-        "rest": block.masked_row_sum(rest),
-        "max_weight_nosink": over(valid, view.top_weight),
-        "chance_weight_nosink": over(valid, rest / m.clamp(min=1)),
-        "entropy_norm_nosink": over(several, weighted_entropy / log_m),
-    }
+    # rows' statistics stacked on a last axis, so each mask is applied and summed once
+    query_valid = block.query_valid.to(a.device)[:, None, :, None]
+    plain = torch.stack([sink, (sink > rule.epsilon).to(a), column, rest], -1)
+    plain = torch.where(query_valid, plain.to(torch.float64), 0.0).sum(dim=(0, 2))  # [head, 4]
     is_aligned = aligned(block)
-    at_offset = _at_offsets(view, rel, real, is_aligned)
+    at_offset = _at_offsets(view, rel, real, is_aligned)  # [batch, head, query, 3]
+    weighted = torch.cat([view.top_weight[..., None], (rest / m.clamp(min=1))[..., None],
+                          at_offset, rest[..., None]], -1)
+    weighted = torch.where(valid[..., None], weighted, 0.0).sum(dim=(0, 2),
+                                                                dtype=torch.float64)
+    mass = weighted[:, -1]  # Σ r_i over the rows with mass left
+    several_sums = torch.stack([weighted_entropy / log_m, rest], -1)
+    several_sums = torch.where(several[..., None], several_sums, 0.0).sum(dim=(0, 2),
+                                                                          dtype=torch.float64)
+    out: dict[str, Sums] = {name: plain[:, i] for i, name in
+                            enumerate(("sink", "sink_rate", "column_sink", "rest"))}
+    out["max_weight_nosink"] = (weighted[:, 0], mass)
+    out["chance_weight_nosink"] = (weighted[:, 1], mass)
+    out["entropy_norm_nosink"] = (several_sums[:, 0], several_sums[:, 1])
     for i, name in enumerate(NAMED_OFFSETS.values()):
-        out[f"{name}_nosink"] = over(valid, at_offset[..., i])
+        out[f"{name}_nosink"] = (weighted[:, 2 + i], mass)
     if is_aligned:
         offsets = view.top_key - torch.arange(a.shape[2], device=a.device)
     else:
