@@ -36,9 +36,11 @@ def plain_step_kwargs(kwargs: dict[str, Any]) -> bool:
 
 def lean_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               scaling: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(output [batch, q, head, d], weights [batch, head, q, key])`` of unmasked attention,
-    as the eager functions compute them (the product in the model's dtype, the softmax in
-    float32); ``query`` ``[batch, head, q, d]``, ``key``/``value`` ``[batch, kv_head, key, d]``.
+    """``(output [batch, q, head, d_v], weights [batch, head, q, key])`` of unmasked
+    attention, as the eager functions compute them (the product in the model's dtype, the
+    softmax in float32); ``query`` ``[batch, head, q, d]``, ``key`` ``[batch, kv_head, key, d]``,
+    ``value`` ``[batch, kv_head, key, d_v]`` (``d_v`` may differ from ``d``, as in DeepSeek's
+    latent attention).
     """
     batch, n_heads, q_len, d = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
@@ -46,7 +48,7 @@ def lean_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     grouped = query.reshape(batch, kv_heads, (n_heads // kv_heads) * q_len, d)
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value).view(batch, n_heads, q_len, d)
+    output = torch.matmul(weights, value).view(batch, n_heads, q_len, value.shape[-1])
     return output.transpose(1, 2).contiguous(), weights.view(batch, n_heads, q_len, k_len)
 
 

@@ -141,7 +141,13 @@ def _decoding_step(takers: list[tuple[Recorder, Site]], module: nn.Module, query
     verdict = recorder.site_facts.get(fact)
     if verdict is False:
         return None
-    lean = lean_step(query, key, value, kwargs.get("scaling"))
+    try:
+        lean = lean_step(query, key, value, kwargs.get("scaling"))
+    except RuntimeError:
+        if verdict is None:  # a layout the stand-in does not fit: eager for this site
+            recorder.site_facts[fact] = False
+            return None
+        raise
     if verdict is None:
         extra = {name: v for name, v in kwargs.items() if name not in ("is_causal", "dropout")}
         eager = _eager_of(module)(module, query, key, value, None, dropout=0.0, **extra)

@@ -89,3 +89,40 @@ def test_captured_steps_equal_the_eager_function_the_model_has(monkeypatch, capp
         monkeypatch.setattr(modeling_llama, "eager_attention_forward", original)
         uncapped = _eager_forward(model, tokens[:, :-1])
         assert (captured[..., 6:, :] - uncapped[..., 6:, :]).abs().max() > 1e-2
+
+
+def test_values_of_another_head_size_are_served_like_eager():
+    """DeepSeek's latent attention has value heads of another size than query/key heads."""
+    g = torch.Generator().manual_seed(1)
+    query, key = torch.randn(1, 4, 1, 12, generator=g), torch.randn(1, 2, 5, 12, generator=g)
+    value = torch.randn(1, 2, 5, 6, generator=g)
+    out, weights = lean_step(query, key, value, 0.25)
+    ref_out, ref_weights = modeling_llama.eager_attention_forward(
+        _Attention(), query, key, value, None, scaling=0.25)
+    assert out.shape == (1, 1, 4, 6)
+    assert torch.allclose(out, ref_out, atol=1e-6) and torch.allclose(weights, ref_weights,
+                                                                      atol=1e-6)
+
+
+def test_generation_on_deepseek_latent_attention_equals_one_forward():
+    from tests.integration.causal_lms import text, word_tokenizer
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=100, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=2, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=6, max_position_embeddings=64, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    tok = word_tokenizer(bos=True)
+    (found,) = ap.extract(model, tok, [text(5, 6, 7, 8)], generate=3)
+    ids = tok([" ".join(found.key_tokens[1:])], return_tensors="pt")
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(**ids, output_attentions=True).attentions
+    expected = torch.stack([layer[0] for layer in eager])  # [layer, head, query, key]
+    assert found.pattern.shape == expected.shape
+    assert torch.allclose(found.pattern, expected, atol=1e-5)
