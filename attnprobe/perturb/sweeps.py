@@ -98,7 +98,8 @@ class _UnitEdit:
         for k, unit in mine:
             take[k * self.texts:(k + 1) * self.texts, list(unit.heads)] = True
         out = torch.where(take[:, :, None, None], edited, tensor)
-        moved = (out != tensor).flatten(1).any(-1).cpu()  # [batch row]
+        # NaN != NaN: a fully masked (padding) row holding NaN is no change
+        moved = ((out != tensor) & ~(out.isnan() & tensor.isnan())).flatten(1).any(-1).cpu()
         for k, _ in mine:
             self.changed[k] = self.changed[k] or bool(moved[k * self.texts:
                                                               (k + 1) * self.texts].any())
