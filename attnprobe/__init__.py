@@ -10,6 +10,11 @@ loading them).
 from importlib import import_module
 from typing import Any
 
+# First of attnprobe's imports: in the `attnprobe` command, Ctrl-C while the ones below load
+# (seconds) is one line and exit 130 (attnprobe.core.interrupt; a library import is untouched)
+from attnprobe.core import interrupt as _startup  # noqa: F401  (guards on import)
+
+# isort: split
 from attnprobe import heads
 from attnprobe.capture import Capture, HookPoint, capture, count_hooks, extract, head_stats
 from attnprobe.core.scope import Scope

@@ -1,6 +1,7 @@
 """The ``attnprobe`` command: models, extract, heads, syntax, compare, perturb, report.
 
-Every command exits non-zero with a one-line message on bad input (2; 130 on Ctrl-C). Each
+Every command exits non-zero with a one-line message on bad input (2; 130 on Ctrl-C, also
+while the command starts: :mod:`attnprobe.core.interrupt`). Each
 command family lives in one module of :mod:`attnprobe.commands` with a ``register(sub)``
 function; adding a command is adding its module to :data:`COMMANDS`.
 """
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from attnprobe.commands import census, compare, diff, extract, models, perturb, report
 from attnprobe.commands.common import Parser, distributed_group
+from attnprobe.core.interrupt import EXIT_INTERRUPTED, INTERRUPTED, end_startup
 from attnprobe.core.version import __version__
 from attnprobe.errors import AttnProbeError
 
@@ -30,13 +32,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        end_startup()  # Ctrl-C raises KeyboardInterrupt from here on (attnprobe.core.interrupt)
+        args = build_parser().parse_args(argv)
         args.run(args)
     except KeyboardInterrupt:
-        print("attnprobe: interrupted", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except AttnProbeError as exc:
         message = exc.args[0] if exc.args else type(exc).__name__
     except OSError as exc:  # unwritable --out, unreadable files

@@ -10,7 +10,10 @@ from typing import Any
 
 from torch import nn
 
+from attnprobe.capture.info import causal_of
+from attnprobe.capture.token_ids import input_vocab_size
 from attnprobe.core.optional import require
+from attnprobe.core.tokens import special_template
 from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
 
 DEFAULT_MODEL = "minilm"
@@ -56,6 +59,48 @@ def _check_tokenizer(tokenizer: Any, path: Path) -> None:
                               "(tokenizer.save_pretrained(folder))")
 
 
+def _check_pairing(model: nn.Module, tokenizer: Any, path: Path) -> None:
+    """Catch a tokenizer saved with a model it does not belong to (module README: "Loading
+    checkpoints"):
+
+    - its own vocabulary (added tokens aside) larger than the model's input embedding: an
+      error, since ordinary words would give ids the model has no row for;
+    - only added tokens beyond the embedding (e.g. a ``<pad>`` added without resizing): a
+      one-line warning naming them (a text that uses one is refused when it is run);
+    - a causal language model whose tokenizer wraps every text in ``[CLS] … [SEP]`` (a BERT
+      tokenizer): a one-line warning, as a few causal checkpoints are trained that way.
+    """
+    rows = input_vocab_size(model)
+    name = type(model).__name__
+    if rows is not None:
+        own = getattr(tokenizer, "vocab_size", None)
+        if isinstance(own, int) and own > rows:
+            raise FileFormatError(
+                f"{path}: the tokenizer ({type(tokenizer).__name__}) has {own} tokens but "
+                f"{name}'s input embedding has {rows} rows: they do not belong together "
+                "(save the model's own tokenizer there)")
+        extra = [t for t, i in tokenizer.get_vocab().items() if i >= rows] \
+            if len(tokenizer) > rows else []
+        if extra:
+            shown = ", ".join(sorted(extra)[:5]) + (" ..." if len(extra) > 5 else "")
+            warnings.warn(f"{path}: the tokenizer has {len(tokenizer)} tokens but {name}'s "
+                          f"input embedding has {rows} rows; the added token(s) {shown} have "
+                          "no row (a text that uses one is refused)", UserWarning, stacklevel=4)
+    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+    if causal_of(model) and cls is not None and sep is not None \
+            and cls != getattr(tokenizer, "bos_token_id", None):
+        try:
+            prefix, suffix = special_template(tokenizer)
+        except InputError:
+            return
+        if cls in prefix and sep in suffix:
+            warnings.warn(f"{path}: {name} is a causal language model but its tokenizer "
+                          f"({type(tokenizer).__name__}) wraps every text in "
+                          f"{tokenizer.cls_token} … {tokenizer.sep_token} like a BERT "
+                          "encoder's; check that they belong together", UserWarning,
+                          stacklevel=4)
+
+
 def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     transformers = require("transformers")
@@ -91,6 +136,7 @@ def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FileFormatError(f"cannot load the tokenizer in {path}: {_reason(exc)}") from None
     _check_tokenizer(tokenizer, path)
+    _check_pairing(model, tokenizer, path)
     return model.eval(), tokenizer
 
 

@@ -30,6 +30,7 @@ from attnprobe.core.maps_format import (
     read_sidecar,
 )
 from attnprobe.core.scope import head_id
+from attnprobe.core.tokens import TOKEN_STYLES, guess_style, readable
 from attnprobe.core.untrusted import DEFAULT_MAX_BYTES, read_npz, sha256_of
 from attnprobe.errors import FileFormatError, InputError, OutputError
 
@@ -50,7 +51,13 @@ ATTRIBUTION_COLUMNS = ("example_id", "method", "target", "position", "token", "s
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What model produced a map and how (enough to reproduce it)."""
+    """What model produced a map and how (enough to reproduce it).
+
+    ``token_style`` is how the tokenizer spells text in its token strings
+    (:data:`attnprobe.core.tokens.TOKEN_STYLES`: ``byte_level``, ``metaspace`` ...), read from
+    the tokenizer at capture so that maps loaded from files render their tokens the same;
+    ``None`` when no tokenizer was given (then guessed from the tokens).
+    """
 
     name: str
     arch: str
@@ -60,6 +67,12 @@ class ModelInfo:
     attn_implementation: str = "unknown"
     dtype: str = "float32"
     versions: dict[str, str] = field(default_factory=dict)
+    token_style: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.token_style is not None and self.token_style not in TOKEN_STYLES:
+            raise InputError(f"token_style must be one of {', '.join(TOKEN_STYLES)} (or None); "
+                             f"got {self.token_style!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +86,15 @@ class ModelInfo:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
         return cls(**data)
+
+
+def _token_ids(name: str, ids: Any) -> tuple[int, ...]:
+    """``ids`` as a tuple of non-negative ints, or a one-line error."""
+    values = ids.tolist() if isinstance(ids, (torch.Tensor, np.ndarray)) else list(ids)
+    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0
+           for i in values):
+        raise InputError(f"{name} must be non-negative integers (token ids)")
+    return tuple(int(i) for i in values)
 
 
 def _indices(name: str, wanted: int | list[int] | tuple[int, ...] | None,
@@ -109,6 +131,10 @@ class AttentionMap:
         prompt_length: for a map captured during generation, how many leading query
             tokens were given (the prompt); the query tokens after them were generated
             (:attr:`generated`). ``None`` for a map of one forward.
+        query_ids / key_ids: the token id of each query / key position (``None`` when
+            unknown, e.g. learned pooling queries or a capture without input ids).
+        learned_sink: the head gives part of each row's mass to a learned sink (a logit with
+            no key: GPT-OSS, ...), so rows sum to at most 1; :attr:`sink_mass` is the rest.
     """
 
     pattern: torch.Tensor
@@ -123,6 +149,9 @@ class AttentionMap:
     example_id: str = ""
     check_rows: bool = True
     prompt_length: int | None = None
+    query_ids: tuple[int, ...] | None = None
+    key_ids: tuple[int, ...] | None = None
+    learned_sink: bool = False
 
     def __post_init__(self) -> None:
         pattern = self.pattern.detach().to("cpu", torch.float32)
@@ -133,6 +162,10 @@ class AttentionMap:
         heads = tuple(range(pattern.shape[1])) if self.heads is None and pattern.ndim == 4 \
             else tuple(int(h) for h in (self.heads or ()))
         object.__setattr__(self, "heads", heads)
+        for name in ("query_ids", "key_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                object.__setattr__(self, name, _token_ids(name, ids))
         self._validate()
         if self.scores is not None:
             object.__setattr__(self, "scores", self.scores.detach().to("cpu", torch.float32))
@@ -161,6 +194,10 @@ class AttentionMap:
                                    or not 1 <= prompt <= len(self.query_tokens)):
             raise InputError(f"prompt_length must be an int in 1..{len(self.query_tokens)} "
                              f"(the query tokens); got {prompt!r}")
+        for name, ids, tokens in (("query_ids", self.query_ids, self.query_tokens),
+                                  ("key_ids", self.key_ids, self.key_tokens)):
+            if ids is not None and len(ids) != len(tokens):
+                raise InputError(f"{name} has {len(ids)} ids for {len(tokens)} tokens")
         if self.kind not in ("self", "cross"):
             raise InputError(f"kind must be 'self' or 'cross'; got {self.kind!r}")
         row_sums = p.sum(-1)  # any NaN or inf in a row shows in its sum
@@ -170,8 +207,15 @@ class AttentionMap:
             if (p < 0).any():
                 raise InputError("pattern has negative weights; pass check_rows=False for "
                                  "edited maps")
-            worst = (row_sums - 1).abs().max().item()
             tolerance = row_sum_tolerance(self.info.dtype)
+            if self.learned_sink:  # the learned sink takes the rest of each row
+                worst = (row_sums - 1).clamp(min=0).max().item()
+                if worst > tolerance:
+                    raise InputError(f"pattern rows must sum to at most 1 with a learned sink "
+                                     f"(worst excess {worst:.3g}, allowed {tolerance:.3g} in "
+                                     f"{self.info.dtype})")
+                return
+            worst = (row_sums - 1).abs().max().item()
             if worst > tolerance:
                 raise InputError(f"pattern rows must sum to 1 (worst deviation {worst:.3g}, "
                                  f"allowed {tolerance:.3g} in {self.info.dtype}); pass "
@@ -191,7 +235,7 @@ class AttentionMap:
                  self.info.n_heads or None),
             tokens, generated, self.info.dtype, "with scores" if self.scores is not None else None,
             f"example {self.example_id!r}" if self.example_id else None,
-            quoted(" ".join(self.query_tokens[:12]), 48))
+            quoted(" ".join(self.readable_tokens()[:12]), 48))
 
     def _repr_html_(self) -> str | None:
         """Head view and model view in a notebook (:mod:`attnprobe.report.notebook`)."""
@@ -201,6 +245,28 @@ class AttentionMap:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return tuple(self.pattern.shape)  # type: ignore[return-value]
+
+    @property
+    def token_style(self) -> str:
+        """How the token strings spell text: as recorded at capture, else guessed from them
+        (:func:`attnprobe.core.tokens.guess_style`)."""
+        return self.info.token_style or guess_style((*self.query_tokens, *self.key_tokens))
+
+    def readable_tokens(self, side: Literal["query", "key"] = "query") -> tuple[str, ...]:
+        """The query (or key) tokens as people read them (``Ġwooden`` -> `` wooden``; see
+        :func:`attnprobe.core.tokens.readable`); the raw strings stay in ``query_tokens``."""
+        if side not in ("query", "key"):
+            raise InputError(f"side must be 'query' or 'key'; got {side!r}")
+        tokens = self.query_tokens if side == "query" else self.key_tokens
+        return tuple(readable(tokens, self.token_style))
+
+    @property
+    def sink_mass(self) -> torch.Tensor:
+        """``[layer, head, query]``: the mass each row gave to a learned sink (all 0 without
+        one; :attr:`learned_sink`)."""
+        if not self.learned_sink:
+            return torch.zeros(self.pattern.shape[:-1])
+        return (1 - self.pattern.sum(-1)).clamp(min=0)
 
     @property
     def generated(self) -> tuple[bool, ...]:
@@ -230,12 +296,14 @@ class AttentionMap:
         )
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per (layer, head, query, key) cell; columns ``MAP_COLUMNS``."""
+        """One row per (layer, head, query, key) cell; columns ``MAP_COLUMNS`` (tokens as
+        people read them, :meth:`readable_tokens`), then ``query_id`` / ``key_id`` when the
+        token ids are known."""
         n_l, n_h, n_q, n_k = self.shape
         grid = np.indices((n_l, n_h, n_q, n_k)).reshape(4, -1)
         layers = np.asarray(self.layers)[grid[0]]
         heads = np.asarray(self.heads)[grid[1]]
-        return pd.DataFrame({
+        frame = pd.DataFrame({
             "example_id": self.example_id,
             "stack": self.stack,
             "kind": self.kind,
@@ -244,10 +312,14 @@ class AttentionMap:
             "head_id": [head_id(layer, h) for layer, h in zip(layers, heads, strict=True)],
             "query_pos": grid[2],
             "key_pos": grid[3],
-            "query_token": np.asarray(self.query_tokens, dtype=object)[grid[2]],
-            "key_token": np.asarray(self.key_tokens, dtype=object)[grid[3]],
+            "query_token": np.asarray(self.readable_tokens("query"), dtype=object)[grid[2]],
+            "key_token": np.asarray(self.readable_tokens("key"), dtype=object)[grid[3]],
             "weight": self.pattern.numpy().reshape(-1),
         }, columns=list(MAP_COLUMNS))
+        for column, ids, axis in (("query_id", self.query_ids, 2), ("key_id", self.key_ids, 3)):
+            if ids is not None:
+                frame[column] = np.asarray(ids, dtype=np.int64)[grid[axis]]
+        return frame
 
     # ------------------------------------------------------------ save/load
     def _meta(self) -> dict[str, Any]:
@@ -263,6 +335,9 @@ class AttentionMap:
             "check_rows": self.check_rows,
             "info": self.info.to_dict(),
             **({} if self.prompt_length is None else {"prompt_length": self.prompt_length}),
+            **({} if self.query_ids is None else {"query_ids": list(self.query_ids)}),
+            **({} if self.key_ids is None else {"key_ids": list(self.key_ids)}),
+            **({"learned_sink": True} if self.learned_sink else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -316,16 +391,18 @@ class TokenAttribution:
             "TokenAttribution", f"{self.method} for {quoted(self.target, 40)}",
             counted(len(self.tokens), "token"),
             None if top is None else
-            f"top {quoted(self.tokens[top], 20)} {float(self.scores[top]):.3g}",
+            f"top {quoted(readable([self.tokens[top]], guess_style(self.tokens))[0], 20)} "
+            f"{float(self.scores[top]):.3g}",
             None if self.delta is None else f"delta {self.delta:.3g}",
             f"example {self.example_id!r}" if self.example_id else None)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per token; columns ``ATTRIBUTION_COLUMNS``."""
+        """One row per token; columns ``ATTRIBUTION_COLUMNS`` (tokens as people read them,
+        :func:`attnprobe.core.tokens.readable`)."""
         n = len(self.tokens)
         return pd.DataFrame({"example_id": [self.example_id] * n, "method": [self.method] * n,
                              "target": [self.target] * n, "position": range(n),
-                             "token": list(self.tokens), "score": self.scores.numpy()},
+                             "token": readable(self.tokens, None), "score": self.scores.numpy()},
                             columns=list(ATTRIBUTION_COLUMNS))
 
 
@@ -370,7 +447,8 @@ def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | Non
             layers=tuple(entry["layers"]), heads=tuple(entry["heads"]), kind=entry["kind"],
             stack=entry["stack"], example_id=entry["example_id"],
             check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]),
-            prompt_length=entry.get("prompt_length"))
+            prompt_length=entry.get("prompt_length"), query_ids=entry.get("query_ids"),
+            key_ids=entry.get("key_ids"), learned_sink=entry.get("learned_sink", False))
     except InputError as exc:
         raise FileFormatError(f"{where}: {exc}") from None
 

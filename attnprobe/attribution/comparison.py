@@ -36,7 +36,10 @@ from attnprobe.capture.generation import check_generation, generate_maps, genera
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
+    Text,
+    TokenIds,
     Truncation,
+    encode,
     prepare_corpus,
     truncation_mode,
 )
@@ -224,20 +227,33 @@ def _magnitudes(found: list[TokenAttribution], example: str) -> list[TokenAttrib
             for a in found]
 
 
-def _one_text(job: _Job, bar: StepBar, item: tuple[str, str, Any]
+def _one_text(job: _Job, bar: StepBar, item: tuple[str, Text, Any]
               ) -> tuple[list, list, list, list]:
-    """Agreement rows, truth rows and every importance vector of one text (and no map);
-    ``bar`` advances per method and once for the attention views."""
+    """Agreement rows, truth rows and every importance vector of one text or token ids (and
+    no map); ``bar`` advances per method and once for the attention views."""
     example, text, truth = item
-    found = _magnitudes(attribute(job.model, job.tokenizer, [text], job.target, job.methods,
-                                  on_method=lambda _, name: bar.begin(f"text {example}: {name}"),
-                                  **job.options), example)
+
+    def on_method(_: str, name: str) -> None:  # the bar names the running method
+        bar.begin(f"text {example}: {name}")
+
+    given = None
+    if isinstance(text, TokenIds):  # ids are encoded once, as given, for methods and views
+        given = encode(job.model, job.tokenizer, [text], truncation=job.options["truncation"],
+                       max_length=job.options["max_length"])
+        options = {k: v for k, v in job.options.items() if k not in ("truncation", "max_length")}
+        found = attribute_inputs(job.model, job.tokenizer, [given], job.target, job.methods,
+                                 example_ids=[example], on_method=on_method, **options)
+        text = ""
+    else:
+        found = attribute(job.model, job.tokenizer, [text], job.target, job.methods,
+                          on_method=on_method, **job.options)
+    found = _magnitudes(found, example)
     fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
     if job.views:
         bar.begin(f"text {example}: attention views")
     seen = run_views(job.views, ViewInput(
         text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
-        job.options["truncation"], job.options["max_length"])) if job.views else []
+        job.options["truncation"], job.options["max_length"], inputs=given)) if job.views else []
     agreement_rows, truth_rows = _agreement(job, example, found, seen, truth)
     return agreement_rows, truth_rows, [*found, *seen], []
 
@@ -275,7 +291,7 @@ def _one_generation(job: _Job, bar: StepBar, item: tuple[str, str, Any]
             "", job.scope, job.query, target, name, job.model, job.tokenizer,
             given_map=prefix_map(amap, position), inputs=context)) if job.views else []
         agreement_rows, _ = _agreement(job, example, found, seen, None)
-        token = amap.query_tokens[position]
+        token = amap.readable_tokens()[position]
         rows += [(r[0], step, position, token, *r[1:]) for r in agreement_rows]
         vectors += [*found, *seen]
     return rows, [], vectors, [amap]

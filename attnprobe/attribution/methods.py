@@ -61,7 +61,7 @@ from attnprobe.attribution.gradient_methods import (
 from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.capture.text import Truncation, check_texts, encode
+from attnprobe.capture.text import Truncation, check_inputs, encode
 from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
@@ -199,7 +199,7 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
         ...                 ["integrated_gradients", "leave_one_out"])
         >>> out[0].to_frame()
     """
-    texts = check_texts(texts)
+    texts = check_inputs(texts)  # strings or token ids
     # everything that can be refused is refused before the texts are encoded
     built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
                      batch_size=batch_size, seed=seed, budget=budget)

@@ -106,6 +106,8 @@ def prefix_map(amap: AttentionMap, n: int) -> AttentionMap:
     return replace(amap, pattern=amap.pattern[:, :, :n, :n],
                    scores=None if amap.scores is None else amap.scores[:, :, :n, :n],
                    query_tokens=amap.query_tokens[:n], key_tokens=amap.key_tokens[:n],
+                   query_ids=None if amap.query_ids is None else amap.query_ids[:n],
+                   key_ids=None if amap.key_ids is None else amap.key_ids[:n],
                    prompt_length=None if prompt is None else min(prompt, n))
 
 

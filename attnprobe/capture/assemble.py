@@ -1,40 +1,46 @@
 """From what a capture kept to results: padded batches and padding-stripped maps.
 
 The recorder stores each forward call's kept weights per site (:class:`ForwardCall`); here
-they are grouped by attention stack, stacked once per call, and either handed over still
-padded (:func:`batch_patterns`) or cut into one :class:`~attnprobe.types.AttentionMap` per
-example (:func:`build_maps`).
+they are grouped by attention stack and stacked once per call (:func:`stack_calls`, which
+releases the per-site tensors), then handed over still padded (:func:`batch_patterns`) or
+cut into one :class:`~attnprobe.types.AttentionMap` per example (:func:`build_maps`). Both
+read the same stacked tensors (the maps are views of them), so asking for both costs no copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from attnprobe.capture.calls import BatchPatterns, ForwardCall, Side
 from attnprobe.capture.sites import Site
+from attnprobe.core.divergence import row_sum_tolerance
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap, ModelInfo
 
-__all__ = ["batch_patterns", "build_maps"]
+__all__ = ["Stacked", "batch_patterns", "build_maps", "stack_calls"]
 
 TokensOf = Callable[[torch.Tensor], list[str]]
 
 
-def _groups(call: ForwardCall) -> dict[tuple[str, str], list[Site]]:
-    """The call's kept sites by (stack, kind), in layer order."""
-    groups: dict[tuple[str, str], list[Site]] = {}
+Group = tuple[str, str, tuple[int, ...]]  # (stack, kind, [head, query, key] shape)
+
+
+def _groups(call: ForwardCall) -> dict[Group, list[Site]]:
+    """The call's kept sites by (stack, kind), in layer order. Layers whose weights differ
+    in shape (their own head count, or keys of their own, as in hybrid models) are kept
+    apart, one group per shape, so that each group stacks into one array."""
+    groups: dict[Group, list[Site]] = {}
     for site in sorted(call.patterns, key=lambda s: s.layer):
-        groups.setdefault((site.stack, site.kind), []).append(site)
+        shape = tuple(call.patterns[site].shape[1:])
+        groups.setdefault((site.stack, site.kind, shape), []).append(site)
     return groups
 
 
 def _stack_group(call: ForwardCall, sites: list[Site]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[batch, layer, head, query, key]`` of one (stack, kind), and its scores if kept."""
-    heads_of = {call.patterns[s].shape[1] for s in sites}
-    if len(heads_of) != 1:
-        raise InputError(f"layers of {sites[0].stack} have different head counts {heads_of}")
+    """``[batch, layer, head, query, key]`` of one group, and its scores if kept."""
     pattern = torch.stack([call.patterns[s] for s in sites], dim=1)
     scores = None
     if all(s in call.scores for s in sites):
@@ -42,20 +48,47 @@ def _stack_group(call: ForwardCall, sites: list[Site]) -> tuple[torch.Tensor, to
     return pattern, scores
 
 
-def batch_patterns(calls: Sequence[ForwardCall],
-                   kept_heads: dict[Site, tuple[int, ...]]) -> list[BatchPatterns]:
-    """Per call and (stack, kind): the kept weights, still padded (no per-example cuts)."""
+@dataclass(frozen=True)
+class Stacked:
+    """One group of one forward call: its sites (one per layer) and their weights
+    ``[batch, layer, head, query, key]`` (and scores, if kept), padding included."""
+
+    call: ForwardCall
+    sites: list[Site]
+    pattern: torch.Tensor
+    scores: torch.Tensor | None
+
+
+def stack_calls(calls: Sequence[ForwardCall],
+                originals: Sequence[ForwardCall] = ()) -> list[Stacked]:
+    """Every call's kept weights stacked per group, in call order; the per-site tensors of
+    ``calls`` and ``originals`` (the calls before decoding steps were folded) are released."""
     out = []
     for call in calls:
-        for (stack, kind), sites in _groups(call).items():
-            pattern, _ = _stack_group(call, sites)
-            batch, _, _, q_len, k_len = pattern.shape
-            q_valid, _, q_ids = call.token_view(sites[0].side, batch, q_len)
-            k_valid, _, k_ids = call.token_view(sites[0].key_side, batch, k_len)
-            out.append(BatchPatterns(pattern=pattern, query_valid=q_valid, key_valid=k_valid,
-                                     query_ids=q_ids, key_ids=k_ids,
-                                     layers=tuple(s.layer for s in sites),
-                                     heads=kept_heads[sites[0]], stack=stack, kind=kind))
+        for sites in _groups(call).values():
+            pattern, scores = _stack_group(call, sites)
+            out.append(Stacked(call, sites, pattern, scores))
+    for call in (*calls, *originals):
+        call.patterns.clear()
+        call.scores.clear()
+    return out
+
+
+def batch_patterns(stacked: Sequence[Stacked], kept_heads: dict[Site, tuple[int, ...]],
+                   sink_sites: frozenset[Site] = frozenset()) -> list[BatchPatterns]:
+    """Per call and group: the kept weights, still padded (no per-example cuts)."""
+    out = []
+    for group in stacked:
+        call, sites, pattern = group.call, group.sites, group.pattern
+        batch, _, _, q_len, k_len = pattern.shape
+        q_valid, _, q_ids = call.token_view(sites[0].side, batch, q_len)
+        k_valid, _, k_ids = call.token_view(sites[0].key_side, batch, k_len)
+        out.append(BatchPatterns(pattern=pattern, query_valid=q_valid, key_valid=k_valid,
+                                 query_ids=q_ids, key_ids=k_ids,
+                                 layers=tuple(s.layer for s in sites),
+                                 heads=kept_heads[sites[0]], stack=sites[0].stack,
+                                 kind=sites[0].kind,
+                                 learned_sink=any(s in sink_sites for s in sites)))
     return out
 
 
@@ -67,19 +100,22 @@ def _cut(valid: torch.Tensor) -> slice | torch.Tensor:
 
 
 def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor, are_tokens: bool,
-            tokens_of: TokensOf | None) -> list[str]:
+            tokens_of: TokensOf | None) -> tuple[list[str], tuple[int, ...] | None]:
+    """The token strings of example ``b``'s real positions, and their ids when known."""
     ids = call.ids.get(side)
     if not are_tokens:  # e.g. learned pooling queries
-        return [f"[query {i}]" for i in range(int(valid.sum()))]
+        return [f"[query {i}]" for i in range(int(valid.sum()))], None
     if ids is None or ids.shape[-1] < valid.shape[-1]:
-        return [f"[{i}]" for i in range(int(valid.sum()))]
+        return [f"[{i}]" for i in range(int(valid.sum()))], None
     real = ids[b, ids.shape[-1] - valid.shape[-1]:][valid]
-    return tokens_of(real) if tokens_of else [str(int(i)) for i in real]
+    found = tuple(int(i) for i in real.tolist())
+    return (tokens_of(real) if tokens_of else [str(i) for i in found]), found
 
 
 def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Tensor,
                  scores: torch.Tensor | None, info: ModelInfo, tokens_of: TokensOf | None,
-                 example_id: str, *, heads: tuple[int, ...], edited: bool) -> AttentionMap:
+                 example_id: str, *, heads: tuple[int, ...], edited: bool,
+                 learned_sink: bool = False) -> AttentionMap:
     """Cut example ``b`` out of ``[batch, layer, head, query, key]``, real tokens only."""
     batch, _, _, q_len, k_len = pattern.shape
     q_valid, q_tokens = call.positions_of(sites[0].side, batch, q_len)
@@ -90,11 +126,17 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
     def crop(x: torch.Tensor) -> torch.Tensor:
         return x[b][:, :, q_cut][..., k_cut]
 
+    if not edited and not learned_sink:
+        _check_padding_unseen(pattern[b][:, :, q_cut], crop(pattern), sites[0], info)
     prompt = call.prompt_lengths.get(sites[0].side)
+    query_tokens, query_ids = _tokens(call, sites[0].side, b, q_valid, q_tokens, tokens_of)
+    key_tokens, key_ids = _tokens(call, sites[0].key_side, b, k_valid, k_tokens, tokens_of)
     return AttentionMap(
         pattern=crop(pattern),
-        query_tokens=tuple(_tokens(call, sites[0].side, b, q_valid, q_tokens, tokens_of)),
-        key_tokens=tuple(_tokens(call, sites[0].key_side, b, k_valid, k_tokens, tokens_of)),
+        query_tokens=tuple(query_tokens),
+        key_tokens=tuple(key_tokens),
+        query_ids=query_ids,
+        key_ids=key_ids,
         layers=tuple(s.layer for s in sites),
         heads=heads,
         scores=None if scores is None else crop(scores),
@@ -104,37 +146,52 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
         example_id=example_id,
         check_rows=not edited,
         prompt_length=None if prompt is None else int(prompt[b]),
+        learned_sink=learned_sink,
     )
 
 
-def build_maps(calls: Sequence[ForwardCall], kept_heads: dict[Site, tuple[int, ...]],
+def _check_padding_unseen(rows: torch.Tensor, real: torch.Tensor, site: Site,
+                          info: ModelInfo) -> None:
+    """Raise when the model gave real query rows weight on keys the attention mask calls
+    padding: ``rows`` ``[layer, head, query, key]`` over every key, ``real`` over real keys.
+
+    Then the model does not read ``attention_mask`` for those keys (some families mask by
+    their pad token id instead), and the map over the real keys would not sum to 1.
+    """
+    leak = (rows.sum(-1) - real.sum(-1)).abs().max().item() if real.numel() else 0.0
+    if leak > row_sum_tolerance(info.dtype):
+        raise InputError(
+            f"the model gave up to {leak:.3g} of a real token's attention at {site.path} to "
+            "positions the attention mask marks as padding: it does not mask them (it may "
+            "mask by token id: pad with the model's pad_token_id)")
+
+
+def build_maps(stacked: Sequence[Stacked], kept_heads: dict[Site, tuple[int, ...]],
                edited_sites: set[Site], info: ModelInfo, tokens_of: TokensOf | None,
                example_ids: Sequence[str] | None = None,
-               originals: Sequence[ForwardCall] = ()) -> list[AttentionMap]:
-    """Per call, per example, per (stack, kind): one padding-stripped AttentionMap.
+               sink_sites: frozenset[Site] = frozenset()) -> list[AttentionMap]:
+    """Per call, per example, per group: one padding-stripped AttentionMap.
 
-    Each group's layers are stacked once per call, examples are cut out with slices when
-    their tokens are contiguous, and the per-layer tensors are released once all is built
-    (those of ``originals`` too: the calls before decoding steps were folded into
-    ``calls``). A call folded from decoding steps gives maps over the prompt and the tokens
-    fed after it, with ``prompt_length`` set.
+    Examples are cut out of the stacked weights with slices when their tokens are contiguous
+    (the maps are views of them). A call folded from decoding steps gives maps over the
+    prompt and the tokens fed after it, with ``prompt_length`` set. Maps of ``sink_sites``
+    (heads with a learned sink) have ``learned_sink`` set: their rows sum to at most 1.
     """
+    by_call: dict[int, list[Stacked]] = {}
+    for group in stacked:
+        by_call.setdefault(id(group.call), []).append(group)
     maps: list[AttentionMap] = []
     n_example = 0
-    for call in calls:
-        groups = _groups(call)
-        stacked = {key: _stack_group(call, sites) for key, sites in groups.items()}
-        batch = next(iter(stacked.values()))[0].shape[0] if stacked else 0
-        for b in range(batch):
+    for groups in by_call.values():
+        for b in range(groups[0].pattern.shape[0]):
             example_id = (example_ids[n_example] if example_ids and n_example < len(example_ids)
                           else str(n_example))
             n_example += 1
-            for key, sites in groups.items():
-                pattern, scores = stacked[key]
-                maps.append(_example_map(call, sites, b, pattern, scores, info, tokens_of,
-                                         example_id, heads=kept_heads[sites[0]],
-                                         edited=any(s in edited_sites for s in sites)))
-    for call in (*calls, *originals):
-        call.patterns.clear()
-        call.scores.clear()
+            for group in groups:
+                sites = group.sites
+                maps.append(_example_map(group.call, sites, b, group.pattern, group.scores,
+                                         info, tokens_of, example_id,
+                                         heads=kept_heads[sites[0]],
+                                         edited=any(s in edited_sites for s in sites),
+                                         learned_sink=any(s in sink_sites for s in sites)))
     return maps

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnprobe.capture.runs import Runs
 from attnprobe.capture.sites import Site
 
 Side = str  # "main" | "decoder"
@@ -28,11 +29,13 @@ class ForwardCall:
     valid: dict[Side, torch.Tensor | None]
     fresh: dict[Side, int] = field(default_factory=dict)  # tokens new in this call (KV cache)
     continues: bool = False
+    reordered: bool = False  # a decoding step whose rows are not those of the step before
     prompt_lengths: dict[Side, torch.Tensor] = field(default_factory=dict)
     patterns: dict[Site, torch.Tensor] = field(default_factory=dict)
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
     live: dict[Site, torch.Tensor] = field(default_factory=dict)  # in the graph, grads retained
     values: dict[Site, torch.Tensor] = field(default_factory=dict)  # [batch, head, key, d_head]
+    runs: Runs = field(default_factory=Runs)  # which run of which module each site is
 
     def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:
         """Which of ``length`` positions are real tokens of ``side``: ``[batch, length]`` bool,
@@ -136,6 +139,7 @@ class BatchPatterns:
     heads: tuple[int, ...]
     stack: str
     kind: str
+    learned_sink: bool = False  # rows sum to at most 1: a learned sink took the rest
 
 
 def positions(valid: torch.Tensor) -> torch.Tensor:

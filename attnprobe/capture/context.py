@@ -11,8 +11,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture import hf, hooks
-from attnprobe.capture.assemble import batch_patterns, build_maps
+from attnprobe.capture import discovery, hf, hooks
+from attnprobe.capture.assemble import Stacked, batch_patterns, build_maps, stack_calls
 from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.info import model_info
 from attnprobe.capture.parts import (
@@ -28,6 +28,7 @@ from attnprobe.capture.parts import (
 )
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site
+from attnprobe.capture.steps import cache_rows
 from attnprobe.core.display import counted, describe, indices
 from attnprobe.core.reducers import Reducer, Tally
 from attnprobe.core.scope import Scope, ScopeLike
@@ -52,30 +53,46 @@ class Capture:
             padding included); after ``backward()`` their ``.grad`` is ∂output/∂attention.
         values: with ``values=True``, per forward call, each scoped site's value vectors
             ``[batch, head, key, d_head]`` (every head; transformers models).
+        runs: one row per captured layer (``stack, kind, layer, path, call``), in the order
+            they first ran: which module computed it and which of its runs in the forward it
+            was (``call`` > 0 for modules that run several times per forward, e.g. ALBERT's
+            shared layer; :mod:`attnprobe.capture.runs`).
     """
 
     tally: Tally = field(default_factory=Tally)
     sites: list[Site] = field(default_factory=list)
     edits: pd.DataFrame = field(default_factory=pd.DataFrame)
-    _assemble: Callable[[], list[AttentionMap]] | None = field(default=None, repr=False)
-    _maps: list[AttentionMap] | None = field(default=None, repr=False)
-    _batches: Callable[[], list[BatchPatterns]] | None = field(default=None, repr=False)
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     live: list[dict[Site, torch.Tensor]] = field(default_factory=list)
     values: list[dict[Site, torch.Tensor]] = field(default_factory=list)
+    # what the recorder kept, stacked once on first use (maps and batches share the tensors)
+    _stack: Callable[[], list[Stacked]] | None = field(default=None, repr=False)
+    _stacked: list[Stacked] | None = field(default=None, repr=False)
+    _build_maps: Callable[[list[Stacked]], list[AttentionMap]] | None = \
+        field(default=None, repr=False)
+    _maps: list[AttentionMap] | None = field(default=None, repr=False)
+    _kept_heads: dict[Site, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    _sink_sites: frozenset[Site] = field(default=frozenset(), repr=False)
+
+    def _groups(self) -> list[Stacked]:
+        if self._stacked is None:
+            self._stacked = self._stack() if self._stack is not None else []
+            self._stack = None
+        return self._stacked
 
     @property
     def maps(self) -> list[AttentionMap]:
         """The kept weights as one map per example (built, and validated, on first read)."""
         if self._maps is None:
-            self._maps = self._assemble() if self._assemble is not None else []
-            self._assemble = None
+            groups = self._groups()
+            self._maps = self._build_maps(groups) if self._build_maps is not None else []
         return self._maps
 
     def batches(self) -> list[BatchPatterns]:
         """The kept weights per forward call and (stack, kind), still padded:
-        ``[batch, layer, head, query, key]`` with validity masks. Cheaper than :attr:`maps`
-        for batched analyses; call it before reading ``maps`` (which releases the tensors)."""
-        return self._batches() if self._batches is not None and self._maps is None else []
+        ``[batch, layer, head, query, key]`` with validity masks; cheaper than :attr:`maps`
+        for batched analyses (before or after reading ``maps``: both share one copy)."""
+        return batch_patterns(self._groups(), self._kept_heads, self._sink_sites)
 
     @property
     def stats(self) -> pd.DataFrame:
@@ -89,7 +106,7 @@ class Capture:
         where = "; ".join(f"{stack} {kind} {indices(layers)}"
                           for (stack, kind), layers in list(groups.items())[:3])
         maps = counted(len(self._maps), "map") if self._maps is not None else \
-            "maps built on first read" if self._assemble is not None else None
+            "maps built on first read" if self._build_maps is not None else None
         stats = len({stat for stat, _ in self.tally.sums})
         return describe(
             "Capture", f"{counted(len(self.sites), 'site')}" + (f" ({where})" if where else ""),
@@ -144,7 +161,8 @@ def _record_inputs(recorder: Recorder) -> Callable[..., None]:
             ids={"main": two_d(ids), "decoder": two_d(dec_ids)},
             valid={"main": None if two_d(mask) is None else two_d(mask).bool(),
                    "decoder": None if two_d(dec_mask) is None else two_d(dec_mask).bool()},
-            cached=_cached_tokens(kwargs, "decoder" if dec_ids is not None else "main"))
+            cached=_cached_tokens(kwargs, "decoder" if dec_ids is not None else "main"),
+            cache_rows=cache_rows(kwargs.get("cache", kwargs.get("past_key_values"))))
 
     return on_call
 
@@ -185,7 +203,8 @@ _FLAG_DEFAULTS = dict(keep=None, reducers=None, query_block=None, edit=None, edi
                       live=False, values=False, scores=False)
 
 
-def _chosen_parts(parts: Sequence[Part] | None, flags: dict[str, Any], seam: str) -> list[Part]:
+def _chosen_parts(parts: Sequence[Part] | None, flags: dict[str, Any],
+                  seams: Sequence[str]) -> list[Part]:
     """The capture's parts, checked before any forward: parts or flags (not both), each a
     part the seam serves, each given once, each next to the parts it needs."""
     if parts is None:
@@ -202,7 +221,8 @@ def _chosen_parts(parts: Sequence[Part] | None, flags: dict[str, Any], seam: str
         if not isinstance(part, Part):
             raise InputError(f"parts must be capture parts (Keep, Reduce, Edit, ...); got "
                              f"{type(part).__name__}")
-        part.check_seam(seam)
+        for seam in seams:
+            part.check_seam(seam)
     names = [part.name for part in chosen]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -233,10 +253,26 @@ def _scope_of(scope: ScopeLike, layers: Sequence[int] | int | None,
     return Scope(layers, heads)
 
 
-def _seam(model: nn.Module, paths: Sequence[str] | None) -> str:
+_IMPLEMENTATIONS = {"hf": "eager (attnprobe seam)", "modules": "own modules (attnprobe seam)"}
+
+
+def _expected_layers(recorder: Recorder, sites: Sequence[Site]) -> set[tuple[str, str, int]]:
+    """``Site.key`` of every layer a forward reads before ``stop_early`` may end it: the
+    scoped sites, and every scoped depth of a stack whose modules run more than once."""
+    keys = {site.key for site in sites}
+    for (stack, kind), depth in recorder.layer_counts.items():
+        modules = [site for site in sites if (site.stack, site.kind) == (stack, kind)]
+        if modules and len(modules) < depth:
+            keys |= {(stack, kind, layer) for layer in range(depth)
+                     if recorder.scope.wants_layer(layer)}
+    return keys
+
+
+def _seams(model: nn.Module, paths: Sequence[str] | None) -> tuple[str, ...]:
+    """The seams (:data:`~attnprobe.capture.parts.SEAMS`) this capture goes through."""
     if paths is not None:
-        return "paths"
-    return "hf" if hf.is_hf_model(model) else "hook_points"
+        return ("paths",)
+    return discovery.seams_of(model) if hf.is_hf_model(model) else ("hook_points",)
 
 
 @contextmanager
@@ -311,20 +347,20 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
     if first is not None and first.device.type == "meta":
         raise InputError("the model's weights are on the 'meta' device (not loaded); load or "
                          "materialise them before capturing")
-    seam = _seam(model, paths)
-    recorder = Recorder(_scope_of(scope, layers, heads), _chosen_parts(parts, flags, seam))
+    seams = _seams(model, paths)
+    recorder = Recorder(_scope_of(scope, layers, heads), _chosen_parts(parts, flags, seams))
     result = Capture()
     with ExitStack() as stack:
-        if seam == "hf":
+        if paths is None and hf.is_hf_model(model):
             sites = stack.enter_context(hf.hf_seam(model, recorder))
-            implementation = "eager (attnprobe seam)"
+            implementation = " + ".join(_IMPLEMENTATIONS[seam] for seam in seams)
         else:
             sites = stack.enter_context(hooks.path_seam(model, recorder, paths))
             implementation = "hooks"
         handle = model.register_forward_pre_hook(_record_inputs(recorder), with_kwargs=True)
         stack.callback(handle.remove)
         if stop_early and sites:
-            recorder.stop_at = frozenset(sites)
+            recorder.stop_at = frozenset(_expected_layers(recorder, sites))
         stack.enter_context(recorder.opened())
         try:
             yield result
@@ -335,12 +371,17 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
     tokens_of = getattr(tokenizer, "convert_ids_to_tokens", None)
     info = model_info(model, implementation=implementation, n_layers=recorder.n_layers,
                       n_heads=recorder.n_heads, causal=_causal(model, sites),
-                      dtype=_weights_dtype(recorder))
+                      dtype=_weights_dtype(recorder), tokenizer=tokenizer)
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
-    result._assemble = lambda: build_maps(recorder.sequences(), recorder.kept_heads,
-                                          set(recorder.edit_changes), info, to_tokens,
-                                          example_ids, originals=recorder.calls)
-    result._batches = lambda: batch_patterns(recorder.sequences(), recorder.kept_heads)
+    result._stack = lambda: stack_calls(recorder.sequences(), originals=recorder.calls)
+    result._build_maps = lambda groups: build_maps(
+        groups, recorder.kept_heads, set(recorder.edit_changes), info, to_tokens, example_ids,
+        sink_sites=frozenset(recorder.learned_sinks))
+    result._kept_heads = recorder.kept_heads
+    result._sink_sites = frozenset(recorder.learned_sinks)
+    result.runs = pd.DataFrame(
+        [(s.stack, s.kind, s.layer, s.path, s.call) for s in recorder.fired],
+        columns=["stack", "kind", "layer", "path", "call"])
     result.tally = recorder.tally
     result.sites = list(sites)
     result.edits = pd.DataFrame(

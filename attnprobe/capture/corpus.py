@@ -1,4 +1,5 @@
-"""Texts in, attention out: :func:`extract` (maps) and :func:`head_stats` (streaming sums).
+"""Texts (strings or token ids) in, attention out: :func:`extract` (maps) and
+:func:`head_stats` (streaming sums).
 
 Both take the signature every corpus analysis shares, ``(model, tokenizer, texts, *, scope,
 batch_size, truncation, seed, progress)``, and split their batches over the ranks of a
@@ -18,6 +19,7 @@ from attnprobe.capture.generation import generate_maps
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
+    Text,
     Truncation,
     batch_spans,
     encode,
@@ -32,7 +34,7 @@ from attnprobe.types import AttentionMap
 __all__ = ["extract", "head_stats"]
 
 
-def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
+def extract(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
             scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
             truncation: Truncation = "error", seed: int = 0, progress: bool = False,
             max_length: int | None = None, distributed: bool | None = None,
@@ -40,7 +42,10 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
     """Attention maps of each text, padding stripped.
 
     Args:
-        texts: the inputs; a text with a tab is a sentence pair.
+        texts: the inputs: strings (a text with a tab is a sentence pair) or token ids —
+            id sequences, a 2-D id tensor, a tokenizer output with ``attention_mask``
+            (:mod:`attnprobe.capture.token_ids`); ids go to the model as given. Any
+            tokenizer works as it ships (no pad token, either padding side).
         scope: which heads to keep (``"all"``, ``"layer:3"``, ``"heads:0.2,1.8"`` ...; see
             :mod:`attnprobe.core.scope`). A scope that is not a layers × heads grid keeps the
             smallest grid holding it (a map is one ``[layer, head, ...]`` array).
@@ -62,9 +67,10 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
 
     Returns:
         ``list[AttentionMap]``: one per text (one per text and attention stack for
-        encoder-decoder models), each ``[layer, head, query, key]``; ``example_id`` is the
-        text's index in ``texts``. Batches are padded on the right, so a text's maps do not
-        depend on the other texts of its batch.
+        encoder-decoder models), each ``[layer, head, query, key]`` with its token ids
+        (``query_ids`` / ``key_ids``); ``example_id`` is the text's index in ``texts``.
+        Batches are padded on the right, so a text's maps do not depend on the other texts
+        of its batch.
 
     Example:
         >>> model, tok = ap.load_model("minilm")
@@ -93,7 +99,7 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
     return [amap for part in parts for amap in part]
 
 
-def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, *,
+def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
                scope: ScopeLike = "all", reducers: Sequence[Reducer] | None = None,
                batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
                seed: int = 0, progress: bool = False, max_length: int | None = None,

@@ -36,9 +36,10 @@ from attnprobe.capture.info import causal_of, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Corpus,
+    Text,
     Truncation,
     batch_spans,
-    check_texts,
+    check_inputs,
     encode,
     model_inputs,
     prepare_corpus,
@@ -100,13 +101,14 @@ def check_generation(model: nn.Module, generate: int) -> None:
                          "model with its head, e.g. GPT2LMHeadModel / LlamaForCausalLM)")
 
 
-def generation_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
+def generation_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
                       generate: int, *, truncation: Truncation = "error",
                       max_length: int | None = None) -> tuple[Corpus, int | None]:
-    """The prompts, checked so that prompt + ``generate`` tokens fit the model's positions,
-    and the most prompt tokens that leaves (``None``: no known limit). A prompt too long
-    is an error naming it (``"error"``), cut (``"cut"``) or left out (``"skip"``)."""
-    texts = check_texts(texts)
+    """The prompts (strings or token ids), checked so that prompt + ``generate`` tokens fit
+    the model's positions, and the most prompt tokens that leaves (``None``: no known
+    limit). A prompt too long is an error naming it (``"error"``), cut (``"cut"``) or left
+    out (``"skip"``)."""
+    texts = check_inputs(texts)
     limit = token_limit(model, tokenizer, max_length)
     if limit is None:
         return prepare_corpus(model, tokenizer, texts, truncation=truncation), None
@@ -115,7 +117,7 @@ def generation_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
         raise InputError(f"generate={generate} leaves no room for a prompt: the model takes at "
                          f"most {limit} positions")
     if truncation_mode(truncation) == "error":
-        for i, n in enumerate(token_lengths(tokenizer, texts)):
+        for i, n in enumerate(token_lengths(tokenizer, texts, model=model)):
             if n > room:
                 raise InputError(f"text {i} has {n} tokens; with generate={generate} the "
                                  f"sequence needs {n + generate} positions but the model "
@@ -178,7 +180,7 @@ def _run_steps(model: nn.Module, tokenizer: Any, inputs: dict[str, torch.Tensor]
     return ids, cap.maps
 
 
-def _generate_batch(model: nn.Module, tokenizer: Any, texts: Sequence[str],
+def _generate_batch(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
                     example_ids: Sequence[str], n: int, *, scope: Scope, sample: bool,
                     seed: int, truncation: Truncation, room: int | None) -> list[Generated]:
     batch = encode(model, tokenizer, texts, max_length=room, truncation=truncation,
@@ -209,7 +211,7 @@ def _generate_batch(model: nn.Module, tokenizer: Any, texts: Sequence[str],
     return out
 
 
-def generate_maps(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
+def generate_maps(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
                   generate: int, *, scope: ScopeLike = "all",
                   batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
                   seed: int = 0, progress: bool = False, max_length: int | None = None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
 
@@ -31,8 +31,10 @@ import torch
 from torch import nn
 
 from attnprobe.capture.decode_step import lean_step, plain_step_kwargs, same_as_eager
+from attnprobe.capture.discovery import can_switch, layer_depths, site_ways
+from attnprobe.capture.module_seam import module_seam
 from attnprobe.capture.recorder import Recorder, open_recorders
-from attnprobe.capture.sites import Site, attention_modules, layer_counts, site_for_path
+from attnprobe.capture.sites import Site
 from attnprobe.core.optional import require
 from attnprobe.errors import AttentionUnavailableError, InputError
 
@@ -47,15 +49,9 @@ class _Sites:
 
     def __init__(self, model: nn.Module, sites: list[Site]) -> None:
         self.sites = {id(model.get_submodule(site.path)): site for site in sites}
-        self.paths = {id(mod): path for path, mod in model.named_modules()}
-        self.encdec = bool(getattr(model.config, "is_encoder_decoder", False))
 
     def site_of(self, module: nn.Module) -> Site | None:
-        site = self.sites.get(id(module))
-        if site is None and id(module) in self.paths:  # an attention module we did not pre-scan
-            site = site_for_path(self.paths[id(module)], module, encoder_decoder=self.encdec)
-            self.sites[id(module)] = site
-        return site
+        return self.sites.get(id(module))
 
 
 def _eager_of(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -121,6 +117,13 @@ def _visible_keys(additive: torch.Tensor | None, q_valid: Callable[[], torch.Ten
             raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
                              "(no key it may attend to)")
     return visible.cpu()
+
+
+def _has_learned_sink(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the module's softmax has a learned sink column that it drops (GPT-OSS's
+    ``sinks``, passed as ``s_aux`` or ``sinks``): its rows then sum to less than 1."""
+    return any(kwargs.get(name) is not None for name in ("s_aux", "sinks")) \
+        or isinstance(getattr(module, "sinks", None), torch.Tensor)
 
 
 def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -189,6 +192,9 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
     dropout = dropout if module.training else 0.0
     eager = _eager_of(module)
     position_bias = kwargs.pop("position_bias", None)
+    if _has_learned_sink(module, kwargs):
+        for taker, taker_site in takers:
+            taker.learned_sinks.add(taker_site)
 
     # the additive mask in the dtype eager's mask function would use (the model's, also under
     # autocast, where the query is lower precision): the same weights as eager, bit for bit
@@ -255,8 +261,11 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     """The registered attention function (``query`` ``[batch, head, q, d]``)."""
     takers = []
     for recorder in reversed(open_recorders()):  # innermost capture first
-        site = recorder.site_of(module) if recorder.site_of is not None else None
-        if site is not None and recorder.needs_weights and recorder.wants(site):
+        base = recorder.site_of(module) if recorder.site_of is not None else None
+        if base is None:
+            continue
+        site = recorder.next_site(module, base)
+        if recorder.needs_weights and recorder.wants(site):
             takers.append((recorder, site))
     if takers:
         return _attend(takers, delegate, module, query, key, value, attention_mask, **kwargs)
@@ -315,12 +324,6 @@ def _configs(model: nn.Module) -> list[Any]:
     return list(found.values())
 
 
-def hf_sites(model: nn.Module) -> list[Site]:
-    encdec = bool(getattr(model.config, "is_encoder_decoder", False))
-    return [site_for_path(path, mod, encoder_decoder=encdec)
-            for path, mod in attention_modules(model).items()]
-
-
 # id(model) -> [saved (config, implementation) pairs, open capture contexts]
 _SWITCHED: dict[int, list[Any]] = {}
 _SWITCH_LOCK = threading.Lock()
@@ -361,18 +364,53 @@ def _switched(model: nn.Module, name: str) -> Iterator[None]:
                     config._attn_implementation_internal = implementation
 
 
+def _run_hooks(model: nn.Module, recorder: Recorder, sites: list[Site]) -> list[Any]:
+    """Hooks that mark each run of an interface site's module (:mod:`attnprobe.capture.runs`)."""
+    handles = []
+    for site in sites:
+        module = model.get_submodule(site.path)
+
+        def start(module: nn.Module, args: tuple, base: Site = site) -> None:
+            if recorder.is_open:
+                recorder.start_run(module, base)
+                recorder.ran.add(base)
+
+        def end(module: nn.Module, args: tuple, output: Any) -> None:
+            recorder.end_run(module)
+
+        handles.append(module.register_forward_pre_hook(start))
+        handles.append(module.register_forward_hook(end, always_call=True))
+    return handles
+
+
 @contextmanager
 def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
-    """Switch ``model`` to the attnprobe attention function; yield the scoped sites. The
-    function serves ``recorder`` while it is open (:meth:`Recorder.opened`)."""
-    current = model.config._attn_implementation
-    delegate = current[len(PREFIX):] if current.startswith(PREFIX) else current
-    delegate = delegate if delegate in DELEGATES else "sdpa"
-    sites = hf_sites(model)
-    if not sites:
+    """Capture every attention site of ``model``: through the attnprobe attention function
+    for modules that use transformers' attention interface, inside the module's forward for
+    the others (:mod:`attnprobe.capture.module_seam`); yield the scoped sites. The function
+    serves ``recorder`` while it is open (:meth:`Recorder.opened`)."""
+    ways = site_ways(model)
+    if not ways:
         raise AttentionUnavailableError(
-            f"no attention modules found in {type(model).__name__}; pass paths=[...]")
-    recorder.check_layers(layer_counts(sites))
-    recorder.site_of = _Sites(model, sites).site_of
-    with _registered(delegate) as name, _switched(model, name):
+            f"{type(model).__name__} has no attention weights to capture: none of its modules "
+            "computes a softmax over keys (a state-space or linear-recurrence model?)")
+    sites = list(ways)
+    recorder.check_layers(layer_depths(model, sites))
+    recorder.found_sites = True
+    interface = [site for site, how in ways.items() if how == "interface"]
+    if interface and not can_switch(model):
+        interface = []
+    own = [site for site in sites if site not in interface]
+    with ExitStack() as stack:
+        if interface:
+            current = model.config._attn_implementation
+            delegate = current[len(PREFIX):] if current.startswith(PREFIX) else current
+            delegate = delegate if delegate in DELEGATES else "sdpa"
+            recorder.site_of = _Sites(model, interface).site_of
+            name = stack.enter_context(_registered(delegate))
+            stack.enter_context(_switched(model, name))
+            for handle in _run_hooks(model, recorder, interface):
+                stack.callback(handle.remove)
+        if own:
+            stack.enter_context(module_seam(model, recorder, own))
         yield [s for s in sites if recorder.wants(s)]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 from torch import nn
 
-from attnprobe.capture import hf, hooks
+from attnprobe.capture import discovery, hf, hooks
 from attnprobe.capture.sites import layer_counts
 from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.tokens import token_style
 from attnprobe.core.version import __version__
 from attnprobe.types import ModelInfo
 
@@ -36,10 +38,12 @@ def _dtype(model: nn.Module) -> str:
 
 
 def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_heads: int = 0,
-               causal: bool | None = None, dtype: str | None = None) -> ModelInfo:
+               causal: bool | None = None, dtype: str | None = None,
+               tokenizer: Any = None) -> ModelInfo:
     """Describe ``model``; the config wins, the counts seen during capture fill in the rest.
     ``dtype``: what the attention weights were computed in, when known (under autocast it
-    differs from the parameters' dtype, the default)."""
+    differs from the parameters' dtype, the default). ``tokenizer``: records how its tokens
+    spell text (:func:`attnprobe.core.tokens.token_style`)."""
     config = getattr(model, "config", None)
     name = (getattr(model, "attnprobe_name", None) or getattr(config, "_name_or_path", None)
             or type(model).__name__)
@@ -54,7 +58,8 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
     return ModelInfo(name=str(name), arch=str(arch), n_layers=layers, n_heads=heads,
                      causal=causal, attn_implementation=implementation,
                      dtype=dtype or _dtype(model),
-                     versions=library_versions())
+                     versions=library_versions(),
+                     token_style=None if tokenizer is None else token_style(tokenizer))
 
 
 def causal_of(model: nn.Module) -> bool | None:
@@ -67,7 +72,8 @@ def causal_of(model: nn.Module) -> bool | None:
         if getattr(config, "is_encoder_decoder", False):
             return False
         flags = [getattr(model.get_submodule(site.path), "is_causal", None)
-                 for site in hf.hf_sites(model) if site.kind == "self" and site.side == "main"]
+                 for site in discovery.hf_sites(model)
+                 if site.kind == "self" and site.side == "main"]
         flags = [flag for flag in flags if isinstance(flag, bool)]
         if flags:
             return any(flags)
@@ -78,17 +84,19 @@ def causal_of(model: nn.Module) -> bool | None:
 def attention_sizes(model: nn.Module) -> tuple[int, int]:
     """``(n_layers, n_heads)`` of a model's attention (0 when unknown).
 
-    Layers are counted from the attention sites the capture seam will see (the longest stack),
-    heads come from the config (``num_attention_heads``, ``n_heads`` ...), as in
-    :func:`model_info`.
+    Layers are counted from the attention sites the capture seam will see (the longest stack;
+    the depth for layers that share a module, :func:`~attnprobe.capture.discovery.
+    layer_depths`), heads come from the config (``num_attention_heads``, ``n_heads`` ...), as
+    in :func:`model_info`.
     """
     if hf.is_hf_model(model):
-        sites = hf.hf_sites(model)
+        sites = discovery.hf_sites(model)
+        counts = discovery.layer_depths(model, sites)
     else:
         paths = hooks.hook_point_paths(model)
-        sites = hooks.path_sites(model, paths) if paths else []
+        counts = layer_counts(hooks.path_sites(model, paths) if paths else [])
     info = model_info(model, implementation="")
-    n_layers = max(layer_counts(sites).values(), default=0) or info.n_layers
+    n_layers = max(counts.values(), default=0) or info.n_layers
     return n_layers, info.n_heads
 
 

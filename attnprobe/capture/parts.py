@@ -12,12 +12,15 @@ part           what it does                                             seams
 ``EditOutput`` change per-head outputs before the output projection     hf
 ``Live``       keep the weights in the autograd graph (``cap.live``)    every seam
 ``Values``     keep the value vectors (``cap.values``)                  hf
-``Scores``     keep the pre-softmax scores (``AttentionMap.scores``)    hook_points, paths
+``Scores``     keep the pre-softmax scores (``AttentionMap.scores``)    modules, hook_points,
+                                                                        paths
 =============  =======================================================  ====================
 
-Seams: ``hf`` (transformers' attention interface), ``hook_points`` (attnprobe's reference
-models), ``paths`` (module paths named by the caller). A part on a seam that cannot serve it is
-an :class:`~attnprobe.errors.InputError` before any forward, and so is a part given twice. A new
+Seams: ``hf`` (transformers' attention interface), ``modules`` (transformers attention modules
+that compute their weights themselves; :mod:`attnprobe.capture.module_seam`), ``hook_points``
+(attnprobe's reference models), ``paths`` (module paths named by the caller). A part on a seam
+that cannot serve it is an :class:`~attnprobe.errors.InputError` before any forward, and so is
+a part given twice. A new
 part is one class here: it says which seams serve it, whether it needs every query row at once,
 and overrides the hooks it needs (``on_rows``, ``on_values``, ``on_scores``). ``Live`` and
 ``Values`` hold every head of each scoped layer (what the forward computed); ``Keep``,
@@ -42,8 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["SEAMS", "SEAM_NAMES", "Edit", "EditFn", "EditOutput", "Keep", "Live", "Part",
            "Reduce", "Rows", "Scores", "Values"]
 
-SEAMS = ("hf", "hook_points", "paths")
+SEAMS = ("hf", "modules", "hook_points", "paths")
 SEAM_NAMES = {"hf": "transformers' attention interface (transformers models)",
+              "modules": "the model's own attention modules (transformers models such as "
+                         "GPT-Neo, Bloom, DeBERTa that compute their weights themselves)",
               "hook_points": "hook points (attnprobe's reference models)",
               "paths": "module paths (paths=[...])"}
 EditFn = Callable[[int, torch.Tensor], torch.Tensor]
@@ -153,7 +158,8 @@ class Reduce(Part):
                          query_pos=q_pos[:, span], key_pos=k_pos,
                          key_len=k_valid.sum(-1).clamp(min=1),
                          visible=visible.expand(batch, q_block).cpu(),
-                         query_ids=None if q_ids is None else q_ids[:, span], key_ids=k_ids)
+                         query_ids=None if q_ids is None else q_ids[:, span], key_ids=k_ids,
+                         learned_sink=site in recorder.learned_sinks)
         recorder.tally.add(site.key, heads, block, self.reducers)
 
 
@@ -261,7 +267,7 @@ class Scores(Part):
 
     name: ClassVar[str] = "scores"
     needs: ClassVar[tuple[str, ...]] = ("keep",)
-    seams: ClassVar[tuple[str, ...]] = ("hook_points", "paths")
+    seams: ClassVar[tuple[str, ...]] = ("modules", "hook_points", "paths")
 
     def on_scores(self, recorder: Recorder, site: Site, scores: torch.Tensor) -> None:
         heads = recorder.head_index(scores.shape[1], site)

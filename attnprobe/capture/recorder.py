@@ -23,12 +23,18 @@ import torch
 from torch import nn
 
 from attnprobe.capture.calls import ForwardCall, Growing, Side, StopForward
-from attnprobe.capture.parts import Edit, EditOutput, Part, Reduce, Rows
+from attnprobe.capture.parts import Edit, EditOutput, Part, Reduce, Rows, Scores
+from attnprobe.capture.runs import Run
 from attnprobe.capture.sites import Site
 from attnprobe.capture.steps import fold_steps
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import Scope
-from attnprobe.errors import EditNotAppliedError, HookNotFiredError, InputError
+from attnprobe.errors import (
+    AttentionUnavailableError,
+    EditNotAppliedError,
+    HookNotFiredError,
+    InputError,
+)
 
 __all__ = ["Recorder", "open_recorders"]
 
@@ -57,6 +63,21 @@ def _append_rows(earlier: torch.Tensor | None, rows: torch.Tensor, site: Site) -
     return torch.cat([earlier, rows], dim=2)
 
 
+def _rows_moved(before: torch.Tensor | None, now: torch.Tensor | None, fed: int) -> bool:
+    """Whether the cached rows ``now`` ``[batch, cached]`` (:func:`~attnprobe.capture.steps.
+    cache_rows`) do not continue ``before``, the rows one step earlier, which then fed ``fed``
+    tokens: beam search reorders them. A sliding-window cache drops its oldest entries, so
+    the rows are compared on the tokens both hold."""
+    if before is None or now is None:
+        return False
+    if now.shape[0] != before.shape[0]:
+        return True
+    dropped = before.shape[1] + fed - now.shape[1]
+    if not 0 <= dropped < before.shape[1]:
+        return False  # not one step of this cache: nothing to compare
+    return not torch.equal(now[:, :before.shape[1] - dropped], before[:, dropped:])
+
+
 class Recorder:
     """Per-context state of one capture (never stored on the model)."""
 
@@ -65,13 +86,14 @@ class Recorder:
         self.parts = list(parts)
         self.edit = next((p for p in self.parts if isinstance(p, Edit)), None)
         self.edit_output = next((p for p in self.parts if isinstance(p, EditOutput)), None)
+        self.wants_scores = any(isinstance(p, Scores) for p in self.parts)
         self._needs_whole = any(p.whole_rows for p in self.parts)  # asked at every call
         self.query_block = min((p.query_block for p in self.parts
                                 if isinstance(p, Reduce) and p.query_block), default=None)
         # stop_early: raise StopForward once the current forward has read all of these (in
         # whatever order it runs them)
-        self.stop_at: frozenset[Site] = frozenset()
-        self.read_now: set[Site] = set()  # sites whose every row the current forward read
+        self.stop_at: frozenset[tuple[str, str, int]] = frozenset()  # Site.key of each
+        self.read_now: set[tuple[str, str, int]] = set()  # keys whose every row was read
         self.tally = Tally()
         self.calls: list[ForwardCall] = []
         self._merged: list[ForwardCall] | None = None  # calls with decoding steps folded in
@@ -82,7 +104,8 @@ class Recorder:
         # KV-cache decoding: the ids and masks of every step so far, per side
         self._grow_ids: dict[Side, Growing] = {}
         self._grow_valid: dict[Side, Growing] = {}
-        self.fired: set[Site] = set()
+        self._cache_rows: torch.Tensor | None = None  # steps.cache_rows of the last call
+        self.fired: dict[Site, None] = {}  # in the order they first fired
         self.edit_changes: dict[Site, float] = {}
         self.kept_heads: dict[Site, tuple[int, ...]] = {}
         self.layer_counts: dict[tuple[str, str], int] = {}
@@ -91,6 +114,13 @@ class Recorder:
         self.dtypes: set[torch.dtype] = set()  # dtypes the weights were computed in
         # module -> its site, for seams that find sites by module (the HF attention function)
         self.site_of: Callable[[nn.Module], Site | None] | None = None
+        self.active: dict[int, Run] = {}  # id(module) -> the run of it now in progress
+        self.readers: dict[int, object] = {}  # id(module) -> module seam's reader in its run
+        self.ran: set[Site] = set()  # sites (as scanned) whose module ran
+        # sites were found by scanning the model (not named by the caller): a model with
+        # several towers (speech and text encoders) runs only some of them in a forward
+        self.found_sites = False
+        self.learned_sinks: set[Site] = set()  # sites whose rows leave mass on a learned sink
 
     # ------------------------------------------------------------ opening
     @contextmanager
@@ -155,7 +185,8 @@ class Recorder:
     # -------------------------------------------------------------- calls
     def begin_call(self, ids: dict[Side, torch.Tensor | None],
                    valid: dict[Side, torch.Tensor | None],
-                   cached: dict[Side, int] | None = None) -> None:
+                   cached: dict[Side, int] | None = None,
+                   cache_rows: torch.Tensor | None = None) -> None:
         """Note one forward's inputs ``[batch, seq]`` per side.
 
         A KV-cache step (the call feeds new tokens after those of the previous call: its mask
@@ -189,7 +220,11 @@ class Recorder:
                 if before is not None and before.shape == (mask.shape[0], seen):
                     valid[side] = self._grown(self._grow_valid, side, before).extend(
                         mask[:, seen:])
-        self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh, continues=continues))
+        before, self._cache_rows = self._cache_rows, cache_rows
+        fed = max(previous.fresh.values(), default=0) if previous is not None else 0
+        reordered = continues and _rows_moved(before, cache_rows, fed)
+        self.calls.append(ForwardCall(ids=ids, valid=valid, fresh=fresh, continues=continues,
+                                      reordered=reordered))
         self.read_now = set()
 
     @staticmethod
@@ -205,6 +240,21 @@ class Recorder:
         if not self.calls:  # a seam fired without the root pre-hook (e.g. a submodule was called)
             self.calls.append(ForwardCall(ids={}, valid={}))
         return self.calls[-1]
+
+    # --------------------------------------------------------------- runs
+    def start_run(self, module: nn.Module, base: Site) -> Run:
+        """A run of ``module`` (whose site is ``base``) begins in the current forward."""
+        run = self.active[id(module)] = self.current.runs.start(base)
+        return run
+
+    def end_run(self, module: nn.Module) -> None:
+        self.active.pop(id(module), None)
+
+    def next_site(self, module: nn.Module, base: Site) -> Site:
+        """The site of the attention ``module`` computes now: the next computation of its run
+        in progress (:mod:`attnprobe.capture.runs`), or ``base`` outside a run."""
+        run = self.active.get(id(module))
+        return run.next_site() if run is not None else base
 
     def query_valid(self, site: Site, batch: int, q_len: int) -> torch.Tensor:
         return self.current.valid_mask(site.side, batch, q_len)
@@ -240,7 +290,7 @@ class Recorder:
         ``visible`` (``[batch|1, q_block]``): how many keys each row was allowed to attend to,
         from the seam's mask; estimated from the weights when the seam cannot know it.
         """
-        self.fired.add(site)
+        self.fired.setdefault(site)
         self.dtypes.add(pattern.dtype)
         n_heads = pattern.shape[1]
         self.n_heads = max(self.n_heads, n_heads)
@@ -251,7 +301,7 @@ class Recorder:
         for part in self.parts:
             part.on_rows(self, rows)
         if self.stop_at and q_start + pattern.shape[2] >= rows.q_total:
-            self.read_now.add(site)
+            self.read_now.add(site.key)
             if self.stop_at <= self.read_now:
                 raise StopForward
 
@@ -260,10 +310,20 @@ class Recorder:
         """After a clean exit: every wanted site fired, every edit changed something."""
         if not self.calls:
             raise HookNotFiredError("the model was never called inside the capture context")
-        missing = [s.path for s in wanted_sites if s not in self.fired]
+        captured = {s.path for s in self.fired}  # a module's runs may be numbered by depth
+        missing = [s for s in wanted_sites if s.path not in captured]
+        if self.found_sites and self.fired:  # a tower the forward did not take is no error
+            took = {(s.stack, s.kind) for s in self.fired}
+            missing = [s for s in missing if (s.stack, s.kind) in took or s in self.ran]
         if missing and self.needs_weights:
-            raise HookNotFiredError(f"attention at {', '.join(missing)} never ran; check the "
-                                    "paths/layers or that the model calls these modules")
+            silent = [s.path for s in missing if s in self.ran]
+            if silent:
+                raise AttentionUnavailableError(
+                    f"{', '.join(silent)} ran but computed no attention weights attnprobe can "
+                    "read (no softmax over keys and no scaled_dot_product_attention call)")
+            raise HookNotFiredError(f"attention at {', '.join(s.path for s in missing)} never "
+                                    "ran; check the paths/layers or that the model calls these "
+                                    "modules")
         edits = self.edit is not None or self.edit_output is not None
         if edits and not any(v > 0 for v in self.edit_changes.values()):
             raise EditNotAppliedError("the edit left every attention pattern unchanged "

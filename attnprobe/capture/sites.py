@@ -22,6 +22,8 @@ class Site:
     ``model.decoder.layers``, ``blocks`` ...), ``layer`` its model index in that stack, and
     ``side`` which input its queries come from (``"decoder"`` for decoder stacks of
     encoder-decoder models, ``"main"`` otherwise). Cross-attention keys come from the main side.
+    ``call`` is which run of its module this is, for modules that run several times in one
+    forward (shared or looped layers; :mod:`attnprobe.capture.runs`), 0 otherwise.
     """
 
     path: str
@@ -29,6 +31,7 @@ class Site:
     kind: Literal["self", "cross"]
     layer: int
     side: Literal["main", "decoder"] = "main"
+    call: int = 0
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -43,31 +46,20 @@ def site_for_path(path: str, module: nn.Module | None = None, *, encoder_decoder
                   fallback_layer: int = 0) -> Site:
     """Derive the site of an attention module (or hook point) from its path.
 
-    The layer is the module's ``layer_idx`` when it has one, else the first integer in the
-    path; the stack is the path up to that integer.
+    The layer is the module's ``layer_idx`` when it has one (a negative one, which some
+    models give a module outside the layer list, does not count), else the first integer in
+    the path; the stack is the path up to that integer.
     """
     match = _INDEX.search(path)
     stack = path[: match.start(1)].rstrip(".") if match else ""
     layer = getattr(module, "layer_idx", None)
-    if not isinstance(layer, int):
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         layer = int(match.group(1)) if match else fallback_layer
     lowered = path.lower().replace("_", "")
     cross = bool(getattr(module, "is_cross_attention", False)) or any(
         name.replace("_", "") in lowered for name in _CROSS_NAMES)
     side = "decoder" if encoder_decoder and "decoder" in path.lower() else "main"
     return Site(path=path, stack=stack, kind="cross" if cross else "self", layer=layer, side=side)
-
-
-def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Innermost modules whose class name contains "Attention", by path.
-
-    This is how layer counts are known before a forward (to validate indices); the seam
-    itself identifies modules by identity when they call it.
-    """
-    found = {name: mod for name, mod in model.named_modules()
-             if "attention" in type(mod).__name__.lower()}
-    return {name: mod for name, mod in found.items()
-            if not any(other.startswith(name + ".") for other in found)}
 
 
 def layer_counts(sites: list[Site]) -> dict[tuple[str, str], int]:

@@ -22,8 +22,23 @@ import torch
 
 from attnprobe.capture.calls import ForwardCall
 from attnprobe.capture.sites import Site
+from attnprobe.errors import InputError
 
-__all__ = ["fold_steps"]
+__all__ = ["cache_rows", "fold_steps"]
+
+
+def cache_rows(cache: object) -> torch.Tensor | None:
+    """``[batch, cached]``: one number per row and cached token of a transformers KV cache
+    (the first feature of the first layer's first head's keys), enough to tell whether a
+    step's rows still continue the rows of the step before — beam search reorders them —
+    or ``None`` for a cache of another kind."""
+    cache = getattr(cache, "self_attention_cache", cache)  # encoder-decoder caches
+    layers = getattr(cache, "layers", None)
+    keys = getattr(layers[0], "keys", None) if isinstance(layers, (list, tuple)) and layers \
+        else None
+    if not isinstance(keys, torch.Tensor) or keys.ndim != 4 or not keys.numel():
+        return None
+    return keys[:, 0, :, 0].detach().to("cpu", torch.float32).clone()
 
 
 def _runs(calls: Sequence[ForwardCall]) -> list[list[ForwardCall]]:
@@ -65,6 +80,11 @@ def _stack_rows(site: Site, blocks: list[torch.Tensor], fill: float) -> torch.Te
 
 def _fold(run: list[ForwardCall]) -> list[ForwardCall]:
     """One call for a run (the run unchanged if its blocks do not line up)."""
+    if any(call.reordered for call in run):
+        raise InputError("the captured decoding steps reorder their rows (beam search "
+                         "swaps hypotheses between steps), so no row is one sequence; capture "
+                         "one forward over each returned sequence instead (ap.extract on the "
+                         "generated ids)")
     first, last = run[0], run[-1]
     patterns: dict[Site, torch.Tensor] = {}
     scores: dict[Site, torch.Tensor] = {}

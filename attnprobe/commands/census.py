@@ -163,12 +163,12 @@ def register(sub: Any) -> None:
     heads.add_argument("--no-similarity", action="store_true",
                        help="skip head-to-head Jensen-Shannon distances (faster)")
     heads.add_argument("--no-repeated", action="store_true",
-                       help="skip the repeated-random-token probe (no rep_* scores, no "
-                            "induction/duplicate labels)")
+                       help="skip the repeated-random-token probe (no rep_* scores; the "
+                            "induction/duplicate labels then read the texts' own copies)")
     heads.add_argument("--probe-length", type=positive, metavar="N",
                        help="tokens per copy of the repeated-token probe, built with the "
-                            "tokenizer's own special tokens (default 32, or fewer when the "
-                            "model holds fewer)")
+                            "tokenizer's own special tokens (default: what fits the context "
+                            "the model was trained on, at most 32)")
     heads.add_argument("--profile", help="also write the per-layer profile table here")
     heads.add_argument("--distances", help="also write head-pair JS distances here")
     heads.set_defaults(run=cmd_heads)

@@ -1,13 +1,12 @@
-"""What every ``attnprobe`` command shares: the corpus options (model, texts, scope, batch
-size, truncation, seed, ``--distributed``, ``--quiet``), reading texts, checking outputs before
-the run and writing tables atomically, and one-line usage errors."""
+"""What every ``attnprobe`` command shares: the corpus options (model, texts or token ids,
+scope, batch size, truncation, seed, ``--distributed``, ``--quiet``), reading texts, checking
+outputs before the run and writing tables atomically, and one-line usage errors."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE
+from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text, TokenIds
+from attnprobe.core.distributed import start_group, torchrun_env
 from attnprobe.core.files import atomic_write, check_outputs
 from attnprobe.core.scope import SCOPE_FORMS, Scope
 from attnprobe.errors import AttnProbeError, InputError, OutputError
@@ -67,6 +67,25 @@ def names(text: str) -> list[str]:
     return found
 
 
+def ids_value(text: str) -> TokenIds:
+    """``--ids "2 14 15"`` (spaces or commas between the ids)."""
+    try:
+        return ids_of(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ids_of(line: str, where: str = "--ids") -> TokenIds:
+    """Whitespace- (or comma-) separated token ids as :class:`TokenIds`."""
+    parts = line.replace(",", " ").split()
+    if not parts:
+        raise InputError(f"{where} holds no token id")
+    bad = next((p for p in parts if not (p.isascii() and p.isdigit())), None)
+    if bad is not None:
+        raise InputError(f"{where}: {bad!r} is not a token id (a whole number >= 0)")
+    return TokenIds(tuple(int(p) for p in parts))
+
+
 def scope_value(text: str) -> Scope:
     try:
         return Scope.parse(text)
@@ -81,6 +100,11 @@ def text_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", action="append", help="a text (repeatable); a tab inside "
                         "makes it a sentence pair")
     parser.add_argument("--text-file", help="a UTF-8 file with one text per line")
+    parser.add_argument("--ids", action="append", type=ids_value, metavar="IDS",
+                        help="a text as token ids, e.g. \"2 14 15\" (repeatable): given to "
+                             "the model as they are, no special token added")
+    parser.add_argument("--ids-file", help="a file with one text per line as whitespace-"
+                        "separated token ids")
 
 
 def corpus_args(parser: argparse.ArgumentParser, *, batch_help: str = "texts per forward",
@@ -103,7 +127,9 @@ def corpus_args(parser: argparse.ArgumentParser, *, batch_help: str = "texts per
     parser.add_argument("--seed", type=non_negative, default=0, help=seed_help)
     parser.add_argument("--distributed", action="store_true",
                         help="under torchrun (WORLD_SIZE > 1): split the work over the "
-                             "processes (gloo); rank 0 writes and prints. No-op otherwise")
+                             "processes (gloo); rank 0 writes and prints; the processes wait "
+                             "ATTNPROBE_RENDEZVOUS_TIMEOUT seconds (default 120) for each "
+                             "other. No-op otherwise")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or 'wrote' notes on stderr")
 
@@ -149,34 +175,48 @@ def query_value(text: str) -> str | int:
 
 
 # ------------------------------------------------------------------------------- inputs
+def _lines(name: str, what: str) -> list[str]:
+    path = Path(name)
+    if not path.is_file():
+        raise AttnProbeError(f"{what} file not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise AttnProbeError(f"{path} is not UTF-8 text") from None
+    found = [line.strip() for line in lines if line.strip()]
+    if not found:
+        raise AttnProbeError(f"{what} file {path} has no {what} (every line is blank)")
+    return found
+
+
 def texts_from_args(args: argparse.Namespace,
-                    hint: str = "pass --text \"...\" or --text-file FILE (one text a line)"
-                    ) -> list[str]:
-    texts = list(args.text or [])
-    if args.text_file:
-        path = Path(args.text_file)
-        if not path.is_file():
-            raise AttnProbeError(f"text file not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise AttnProbeError(f"{path} is not UTF-8 text") from None
-        found = [line.strip() for line in lines if line.strip()]
-        if not found:
-            raise AttnProbeError(f"text file {path} has no text (every line is blank)")
-        texts.extend(found)
+                    hint: str = "pass --text \"...\", --text-file FILE (one text a line), "
+                                "--ids \"2 14 15\" or --ids-file FILE"
+                    ) -> list[Text]:
+    """The texts of ``--text``, ``--text-file``, ``--ids`` and ``--ids-file``, in that order
+    (a text's index in this list is its ``example_id``)."""
+    texts: list[Text] = list(getattr(args, "text", None) or [])
+    if getattr(args, "text_file", None):
+        texts.extend(_lines(args.text_file, "text"))
+    texts.extend(getattr(args, "ids", None) or [])
+    if getattr(args, "ids_file", None):
+        texts.extend(ids_of(line, f"{args.ids_file} line {n}")
+                     for n, line in enumerate(_lines(args.ids_file, "ids"), start=1))
     if not texts:
         raise AttnProbeError(f"no text: {hint}")
     return texts
 
 
-def corpus_from_args(args: argparse.Namespace) -> tuple[list[str] | None, list[Any] | None]:
-    """``(texts, None)`` from --text/--text-file, or ``(None, trees)`` from --conllu."""
+def corpus_from_args(args: argparse.Namespace) -> tuple[list[Text] | None, list[Any] | None]:
+    """``(texts, None)`` from --text/--text-file/--ids/--ids-file, or ``(None, trees)`` from
+    --conllu."""
     if args.conllu is None:
-        return texts_from_args(args, "pass --text \"...\", --text-file FILE or --conllu FILE"), None
-    if args.text or args.text_file:
-        raise AttnProbeError("--conllu cannot be combined with --text/--text-file; give one "
-                             "source of sentences")
+        return texts_from_args(args, "pass --text \"...\", --text-file FILE, --ids \"2 14 15\", "
+                                     "--ids-file FILE or --conllu FILE"), None
+    if args.text or args.text_file or getattr(args, "ids", None) \
+            or getattr(args, "ids_file", None):
+        raise AttnProbeError("--conllu cannot be combined with --text/--text-file/--ids/"
+                             "--ids-file; give one source of sentences")
     from attnprobe.heads.trees import read_conllu
 
     return None, read_conllu(Path(args.conllu))
@@ -203,9 +243,10 @@ def table_path(out: str | None, option: str) -> Path | None:
 
 
 def input_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """The files a command reads (``--text-file``, ``--conllu``): no output may replace one."""
+    """The files a command reads (``--text-file``, ``--ids-file``, ``--conllu``): no output
+    may replace one."""
     return [(option, getattr(args, option[2:].replace("-", "_"), None))
-            for option in ("--text-file", "--conllu")]
+            for option in ("--text-file", "--ids-file", "--conllu")]
 
 
 def check_tables(args: argparse.Namespace, *outputs: tuple[str, str | None]
@@ -256,12 +297,9 @@ def distributed_group(enabled: bool) -> Iterator[tuple[int, int]]:
     environment (as ``torchrun`` sets it) a gloo ``torch.distributed`` process group is
     initialised from the environment variables and destroyed on exit, also on error.
     Otherwise nothing is initialised and this is ``(0, 1)``."""
-    raw = os.environ.get("WORLD_SIZE", "1") if enabled else "1"
-    try:
-        world = int(raw)
-    except ValueError:
-        raise AttnProbeError(f"WORLD_SIZE must be a whole number; got {raw!r}") from None
-    if world <= 1:
+    # every torchrun variable checked before anything waits (a bad one would hang for minutes)
+    launch = torchrun_env(context="--distributed") if enabled else None
+    if launch is None:
         yield 0, 1
         return
     import torch.distributed as dist
@@ -271,11 +309,7 @@ def distributed_group(enabled: bool) -> Iterator[tuple[int, int]]:
     if dist.is_initialized():  # someone else owns the group; use it, leave it alone
         yield dist.get_rank(), dist.get_world_size()
         return
-    try:
-        dist.init_process_group("gloo")
-    except (ValueError, RuntimeError) as exc:
-        raise AttnProbeError(f"--distributed: cannot start the process group "
-                             f"(run under torchrun): {exc}") from None
+    start_group(launch, context="--distributed")  # a finite rendezvous, one-line errors
     try:
         yield dist.get_rank(), dist.get_world_size()
     finally:

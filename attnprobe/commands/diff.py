@@ -84,8 +84,9 @@ def register(sub: Any) -> None:
                 seed_help="seeds the repeated-random-token probe, the same for both models "
                           "(default 0)")
     parser.add_argument("--model-b", required=True,
-                        help="the second checkpoint (after), same shape as --model: minilm, "
-                             "ref:<name> or a local HF model directory")
+                        help="the second checkpoint (after), the same shape and kind of "
+                             "attention (causal or not) as --model: minilm, ref:<name> or a "
+                             "local HF model directory")
     parser.add_argument("--conllu", help="a CoNLL-U file of dependency trees (instead of text)")
     parser.add_argument("--out", default="diff.csv",
                         help="per-head table: .csv, .parquet or .json (default diff.csv)")

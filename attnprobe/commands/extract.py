@@ -57,7 +57,7 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from attnprobe.capture import extract
-    from attnprobe.heads.summary import summarize
+    from attnprobe.heads.summary import in_scope, summarize
     from attnprobe.loading import load_model
     from attnprobe.types import save_maps
 
@@ -73,16 +73,18 @@ def cmd_extract(args: argparse.Namespace) -> int:
             return 0
     kept = {m.example_id for m in maps}
     report_skipped([str(i) for i in range(len(texts)) if str(i) not in kept])
-    summary = summarize(maps)
+    # maps hold the smallest grid around the scope; the tables hold exactly the scope
+    summary = summarize(maps, scope=options["scope"])
     with pd.option_context("display.max_rows", args.show, "display.width", 120,
                            "display.float_format", "{:.3f}".format):
         print(summary.drop(columns=["stack"]).to_string(index=False, max_rows=args.show))
     for amap in maps[:args.show] if generation else []:
-        prompt = amap.prompt_length or 0
-        print(f"text {amap.example_id}: {' '.join(amap.query_tokens[:prompt])} -> "
-              f"{' '.join(amap.query_tokens[prompt:])}")
+        prompt, tokens = amap.prompt_length or 0, amap.readable_tokens()
+        print(f"text {amap.example_id}: {' '.join(tokens[:prompt])} -> "
+              f"{' '.join(tokens[prompt:])}")
     if out.suffix in TABLE_SUFFIXES:
-        write_table(pd.concat([m.to_frame() for m in maps], ignore_index=True), out)
+        frame = pd.concat([m.to_frame() for m in maps], ignore_index=True)
+        write_table(in_scope(frame, options["scope"]), out)
     else:
         save_maps(maps, out)
     if bertviz is not None:

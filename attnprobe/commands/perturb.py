@@ -46,7 +46,11 @@ Scopes: {scopes}; a repeated --scope merges.
 per head, text and metric, the rows of one run per head; --sweep layer does each layer's
 scoped heads together. --batch-size then counts texts x heads per forward.
 Each experiment's own options are the flags whose help names it; a flag of another experiment
-is an error. Under torchrun, --distributed splits the texts over the processes (same table).
+is an error, and so is a flag that would change nothing (--target for an experiment that reads
+no target, --n-steps without an integrated_gradients ranking). permute and dirichlet show a
+bar over the draws of every text with the time left: a run that would take hours says so at
+once (lower --permutations / --draws). Under torchrun, --distributed splits the texts over the
+processes (same table).
 Writes one row per text, perturbation and metric: experiment, perturbation, scope, layer,
 head, example_id, step, metric, baseline, perturbed, change, then one column per parameter.
 """
@@ -158,7 +162,10 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("perturb", help="perturb attention and measure the output change",
                             epilog=PERTURB_EXAMPLE.format(scopes=SCOPE_FORMS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    corpus_args(parser, batch_help="forward rows: texts, or draws / erasure steps of one text")
+    corpus_args(parser, batch_help="forward rows: texts, or draws / erasure steps of one text "
+                                   "(adversarial: see --adversaries)",
+                seed_help="seeds permute, dirichlet, erase's random order and adversarial "
+                          "(default 0); the other experiments draw nothing")
     parser.add_argument("--experiment", required=True, type=_experiment,
                         help="permute, dirichlet, uniform, ablate, mean, erase, adversarial or "
                              "importance")
@@ -175,7 +182,8 @@ def register(sub: Any) -> None:
                             help=item.help)
     parser.add_argument("--target",
                         help="erase: what the attribution ranking explains; importance: the "
-                             "loss (class:K, next-token[:ID], similarity:TEXT)")
+                             "loss (class:K, next-token[:ID], similarity:TEXT); refused by "
+                             "the experiments that read none")
     parser.add_argument("--out", default="perturb.csv",
                         help="result table: .csv, .parquet or .json (default perturb.csv)")
     parser.set_defaults(run=cmd_perturb)

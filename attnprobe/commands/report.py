@@ -70,12 +70,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     options = corpus_options(args)
     with distributed_group(args.distributed) as (rank, world):
         result = census(model, tokenizer, texts, syntax=args.syntax, distributed=world > 1,
-                        **options)
+                        max_length=args.max_length, **options)
         if rank != 0:
             return 0
     report_skipped(result.skipped)
     shown = texts[:args.view_texts]
-    quiet = {**options, "progress": False, "truncation": "cut"}
+    quiet = {**options, "progress": False, "truncation": "cut", "max_length": args.max_length}
     comparison = perturbation = None
     if args.target:
         from attnprobe.attribution.comparison import compare
@@ -88,9 +88,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     maps = comparison.maps if comparison is not None and comparison.maps else \
         extract(model, tokenizer, shown, **generation, **quiet)
     if args.perturb:
-        from attnprobe.perturb.experiments import run
+        from attnprobe.perturb.experiments import reads_target, run
 
-        perturbation = run(model, tokenizer, shown, args.perturb, target=args.target, **quiet)
+        # --target is for the attributions; the perturbation gets it only if it reads one
+        target = args.target if args.target and reads_target(args.perturb) else None
+        perturbation = run(model, tokenizer, shown, args.perturb, target=target, **quiet)
     page = build(maps=maps, census=result, syntax=result.syntax() if args.syntax else None,
                  comparison=comparison, perturbation=perturbation, title=args.title)
     page.save(out)

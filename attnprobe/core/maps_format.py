@@ -4,7 +4,8 @@ holds, and the checks run on it before anything is loaded (``attnprobe.types.sav
 
 A save is ``<name>.npz`` (``pattern_<i>`` and optional ``scores_<i>`` float32 arrays,
 ``[layer, head, query, key]``) plus ``<name>.json``: ``{"npz_sha256": ..., "maps": [entry,
-...]}``, one entry per map with the fields of :data:`MAP_FIELDS`.
+...]}``, one entry per map with the fields of :data:`MAP_FIELDS` (token ids ``query_ids`` /
+``key_ids`` when known; files written before them load without).
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def is_maps_sidecar(path: str | Path) -> bool:
 SIDECAR_FIELDS = {"npz_sha256": str, "maps": list[Any]}  # older files have no npz_sha256
 MAP_FIELDS = {"format_version": int, "query_tokens": list[str], "key_tokens": list[str],
               "layers": list[int], "heads": list[int], "kind": str, "stack": str,
-              "example_id": str, "check_rows": bool, "info": Any, "prompt_length": int}
-MAP_REQUIRED = [name for name in MAP_FIELDS if name != "prompt_length"]  # older files lack it
+              "example_id": str, "check_rows": bool, "info": Any, "prompt_length": int,
+              "query_ids": list[int], "key_ids": list[int], "learned_sink": bool}
+# older files lack them
+OPTIONAL_FIELDS = ("prompt_length", "query_ids", "key_ids", "learned_sink")
+MAP_REQUIRED = [name for name in MAP_FIELDS if name not in OPTIONAL_FIELDS]
 
 
 def read_sidecar(meta: Path, max_bytes: int, *, info_fields: dict[str, Any],

@@ -42,6 +42,8 @@ class RowBlock:
             sliding-window masks make this smaller than ``key_len``); ``None`` = all real keys.
         query_ids / key_ids: ``[batch, query_block]`` / ``[batch, key]`` token ids, or ``None``
             when the model was not called with token ids.
+        learned_sink: the heads give part of each row's mass to a learned sink (a logit with
+            no key, GPT-OSS), so rows sum to at most 1 and the rest counts as sink mass.
     """
 
     pattern: torch.Tensor
@@ -52,6 +54,7 @@ class RowBlock:
     visible: torch.Tensor | None = None
     query_ids: torch.Tensor | None = None
     key_ids: torch.Tensor | None = None
+    learned_sink: bool = False
 
     def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
         """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""

@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from attnprobe.errors import InputError
 
-__all__ = ["MAX_INDICES", "SCOPE_FORMS", "Scope", "ScopeLike", "head_id"]
+__all__ = ["MAX_INDICES", "MAX_TERMS", "SCOPE_FORMS", "Scope", "ScopeLike", "head_id"]
 
 Term = tuple[int | None, int | None]  # (layer, head); None means every one
 MAX_INDICES = 4096  # no model has more layers or heads; stops "layers:0-99999999" early
+# Named (layer, head) pairs a scope may hold: 4x the largest grid in use (126 x 128 heads).
+# A scope is a set of terms, so a bigger one would cost memory and time before any model
+# could refuse it; "every head" is one term ("all", "3.*", "*.5") at any size.
+MAX_TERMS = 1 << 16
+MAX_DIGITS = 9  # an index of 10 digits or more names no layer; int() of 4301 is an error
+SHOWN = 60  # characters of a bad scope quoted in a message
 SCOPE_FORMS = "all, layer:3, layers:0-2, head:3.5, heads:0.2,1.8, L3H5, *.5 or 3.*"
 
 _HEAD_ITEM = re.compile(r"^l?(\d+|\*)(?:\.|h)(\d+|\*)$")
@@ -39,19 +46,46 @@ def head_id(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def _shown(text: str) -> str:
+    """``text`` quoted for a one-line message, cut to :data:`SHOWN` characters."""
+    return repr(text if len(text) <= SHOWN else text[:SHOWN] + "...")
+
+
 def _index(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"scope {what} must be non-negative integers; got {value!r}")
+        # repr() of an int of 4301+ digits is itself an error: say what it is instead
+        shown = (_shown(repr(value)) if not isinstance(value, int) or value > -10**MAX_DIGITS
+                 else "a large negative number")
+        raise InputError(f"scope {what} must be non-negative integers; got {shown}")
+    if value >= 10**MAX_DIGITS:  # as in the string form: no model has that many
+        raise InputError(f"scope {what}: an index of more than {MAX_DIGITS} digits is too "
+                         "large; no model has that many layers or heads")
     return value
 
 
 def _indices(values: Sequence[int] | int | None, what: str) -> tuple[int, ...] | None:
     if values is None:
         return None
-    values = (values,) if isinstance(values, int) else tuple(values)
+    if isinstance(values, int):
+        values = (values,)
+    elif not isinstance(values, Iterable):
+        raise InputError(f"scope {what} must be integers or a list of them; got "
+                         f"{type(values).__name__}")
+    # read no more than a model can have: range(10**12) is refused, not materialised
+    values = tuple(islice(values, MAX_INDICES + 1))
     if not values:
         raise InputError(f"scope {what} must not be empty; use None for all")
+    if len(values) > MAX_INDICES:
+        raise InputError(f"scope {what}: more than {MAX_INDICES} given; no model has that "
+                         f"many (use None for all {what})")
     return tuple(sorted({_index(v, what) for v in values}))
+
+
+def _number(digits: str, spec: str) -> int:
+    if len(digits) > MAX_DIGITS:
+        raise InputError(f"scope {_shown(spec)}: index {_shown(digits)} is too large; no "
+                         "model has that many layers or heads")
+    return int(digits)
 
 
 def _simplify(terms: Iterable[Term]) -> frozenset[Term]:
@@ -67,25 +101,33 @@ def _simplify(terms: Iterable[Term]) -> frozenset[Term]:
     return frozenset(term for term in terms if not covered(*term))
 
 
-def _range(text: str, spec: str) -> list[int]:
+def _range(text: str, spec: str) -> range:
     match = _LAYER_ITEM.match(text)
     if match is None:
-        raise InputError(f"scope {spec!r}: {text!r} is not a layer; write e.g. layers:0-2 "
-                         f"(forms: {SCOPE_FORMS})")
-    low = int(match.group(1))
-    high = int(match.group(2)) if match.group(2) is not None else low
+        raise InputError(f"scope {_shown(spec)}: {_shown(text)} is not a layer; write e.g. "
+                         f"layers:0-2 (forms: {SCOPE_FORMS})")
+    low = _number(match.group(1), spec)
+    high = _number(match.group(2), spec) if match.group(2) is not None else low
     if high < low or high - low >= MAX_INDICES:
-        raise InputError(f"scope {spec!r}: bad range {text!r}")
-    return list(range(low, high + 1))
+        raise InputError(f"scope {_shown(spec)}: bad range {_shown(text)}")
+    return range(low, high + 1)
 
 
 def _head_term(text: str, spec: str) -> Term:
     match = _HEAD_ITEM.match(text)
     if match is None:
-        raise InputError(f"scope {spec!r}: {text!r} is not a head; write <layer>.<head> such "
-                         f"as 3.5 (forms: {SCOPE_FORMS})")
-    layer, head = (None if g == "*" else int(g) for g in match.groups())
+        raise InputError(f"scope {_shown(spec)}: {_shown(text)} is not a head; write "
+                         f"<layer>.<head> such as 3.5 (forms: {SCOPE_FORMS})")
+    layer, head = (None if g == "*" else _number(g, spec) for g in match.groups())
     return layer, head
+
+
+def _layers(items: list[str], spec: str) -> frozenset[Term]:
+    ranges = [_range(item, spec) for item in items]
+    if sum(len(r) for r in ranges) > MAX_INDICES:  # counted before a set is built
+        raise InputError(f"scope {_shown(spec)} names more than {MAX_INDICES} layers; no "
+                         "model has that many")
+    return frozenset((layer, None) for r in ranges for layer in r)
 
 
 def _parse_one(text: str) -> frozenset[Term]:
@@ -94,17 +136,24 @@ def _parse_one(text: str) -> frozenset[Term]:
         return frozenset({(None, None)})
     if not spec:
         raise InputError(f"empty scope; use one of {SCOPE_FORMS}")
+    shown = _shown(text)
     kind, colon, rest = spec.partition(":")
     if not colon:  # a bare item: L3H5, 3.5, *.5, 3.*, L3
         kind, rest = ("layer", spec[1:]) if re.fullmatch(r"l\d+", spec) else ("head", spec)
     items = [item for item in rest.split(",") if item]
     if not items:
-        raise InputError(f"scope {text!r} names nothing after the colon; e.g. 'layer:3'")
+        raise InputError(f"scope {shown} names nothing after the colon; e.g. 'layer:3'")
     if kind in ("layer", "layers"):
-        return frozenset((layer, None) for item in items for layer in _range(item, text))
+        return _layers(items, text)
     if kind in ("head", "heads"):
         return frozenset(_head_term(item, text) for item in items)
-    raise InputError(f"scope {text!r}: unknown form {kind!r}; use {SCOPE_FORMS}")
+    raise InputError(f"scope {shown}: unknown form {_shown(kind)}; use {SCOPE_FORMS}")
+
+
+def _check_size(n_terms: int) -> None:
+    if n_terms > MAX_TERMS:
+        raise InputError(f"a scope of more than {MAX_TERMS} heads named one by one; name "
+                         "whole layers or heads instead ('all', 'layers:0-3', '*.5')")
 
 
 def _ranges(values: Sequence[int]) -> str:
@@ -137,10 +186,13 @@ class Scope:
         if terms is None:
             layer_set = _indices(layers, "layers") or (None,)
             head_set = _indices(heads, "heads") or (None,)
+            _check_size(len(layer_set) * len(head_set))
             terms = ((layer, head) for layer in layer_set for head in head_set)
         elif layers is not None or heads is not None:
             raise InputError("give layers/heads or terms, not both")
         else:
+            terms = list(islice(terms, MAX_TERMS + 1))
+            _check_size(len(terms))
             terms = [(None if layer is None else _index(layer, "layers"),
                       None if head is None else _index(head, "heads")) for layer, head in terms]
         object.__setattr__(self, "terms", _simplify(terms))
@@ -222,6 +274,13 @@ class Scope:
     def contains(self, layer: int, head: int) -> bool:
         return any((lay is None or lay == layer) and (h is None or h == head)
                    for lay, h in self.terms)
+
+    def mask(self, layers: Iterable[int], heads: Iterable[int]) -> list[bool]:
+        """Per ``(layer, head)`` pair of two parallel columns (a table's ``layer`` and
+        ``head``), whether the scope holds it: what keeps a table to exactly the scope when
+        its maps hold the smallest grid around it (:meth:`head_cover`)."""
+        return [self.contains(int(layer), int(head))
+                for layer, head in zip(layers, heads, strict=True)]
 
     def validate(self, n_layers: int, n_heads: int, *, name: str = "the model") -> Scope:
         """Raise InputError when a layer or head does not exist (0 = unknown, not checked);

@@ -15,10 +15,20 @@
   ``[BOS] …`` for attnprobe's word tokenizer. :func:`special_template` reads it off the
   tokenizer's own output, since transformers 5 tokenizers no longer have
   ``build_inputs_with_special_tokens``.
+- **Readable tokens** (:func:`readable`): what people are shown. A tokenizer's *style*
+  (:data:`TOKEN_STYLES`, read once from the tokenizer by :func:`token_style` and recorded with
+  the maps) says how its token strings spell text: ``byte_level`` (GPT-2, RoBERTa, LLaMA 3:
+  ``Ġwooden`` is `` wooden``, ``Ċ`` a newline, every other character one byte of UTF-8),
+  ``metaspace`` (SentencePiece: ``▁`` is a space, ``<0x0A>`` the byte 0x0A), ``wordpiece``
+  (BERT: ``##ing`` is readable as it is) and ``plain``. A token that is only whitespace is
+  shown visibly (``␣``, ``⏎``, ``⇥``), so it never disappears; special tokens stay as they are.
+  The raw strings stay in the data and files.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,14 +39,20 @@ from attnprobe.errors import InputError
 
 __all__ = [
     "SPECIAL_ROLES",
+    "TOKEN_STYLES",
     "UNKNOWN_TOKENS",
     "TokenVocabulary",
+    "byte_alphabet",
+    "guess_style",
     "is_punctuation",
     "looks_special",
+    "readable",
+    "readable_token",
     "special_ids",
     "special_template",
     "special_tokens",
     "token_classes",
+    "token_style",
 ]
 
 SPECIAL_ROLES = ("cls", "sep", "bos", "eos")
@@ -171,3 +187,93 @@ class TokenVocabulary:
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         names = {i: tok for tok, i in self._vocab.items()}
         return [names[int(i)] for i in ids]
+
+
+# ------------------------------------------------------------------------- readable tokens
+TOKEN_STYLES = ("byte_level", "metaspace", "wordpiece", "plain")
+_SHOWN_SPACE = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+_BYTE_TOKEN = re.compile(r"^<0x([0-9a-fA-F]{2})>$")
+
+
+@functools.lru_cache(maxsize=1)
+def byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable character -> byte (``Ġ`` is a space, ``Ċ`` a
+    newline)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def token_style(tokenizer: Any) -> str:
+    """The tokenizer's spelling style (:data:`TOKEN_STYLES`), from its decoder and
+    pre-tokenizer (fast tokenizers) or the attributes of a slow one; ``plain`` otherwise."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    parts = " ".join(repr(getattr(backend, name, None)) for name in ("decoder", "pre_tokenizer")
+                     ) if backend is not None else ""
+    if "ByteLevel" in parts or hasattr(tokenizer, "byte_encoder"):
+        return "byte_level"
+    if "Metaspace" in parts or "▁" in parts or hasattr(tokenizer, "sp_model"):
+        return "metaspace"
+    if "WordPiece" in parts or hasattr(tokenizer, "wordpiece_tokenizer"):
+        return "wordpiece"
+    return "plain"
+
+
+def guess_style(tokens: Iterable[str]) -> str:
+    """The style of maps recorded without one, from the token strings' markers."""
+    seen = "".join(tokens)
+    if "Ġ" in seen or "Ċ" in seen:
+        return "byte_level"
+    if "▁" in seen:
+        return "metaspace"
+    return "plain"
+
+
+def _visible(text: str) -> str:
+    if text and not text.strip():
+        return "".join(_SHOWN_SPACE.get(ch, "␣") for ch in text)
+    return text
+
+
+def _byte_level(token: str) -> str:
+    table = byte_alphabet()
+    if any(ch not in table for ch in token):  # an added token spelled in plain text
+        return token
+    raw = bytes(table[ch] for ch in token)
+    # a character split over tokens shows its bytes (\xc3) rather than a wrong letter
+    return codecs.decode(raw, "utf-8", errors="backslashreplace")
+
+
+def _metaspace(token: str) -> str:
+    found = _BYTE_TOKEN.match(token)
+    if found and int(found.group(1), 16) < 0x80:
+        return chr(int(found.group(1), 16))
+    return token.replace("▁", " ")
+
+
+_DECODERS = {"byte_level": _byte_level, "metaspace": _metaspace}
+
+
+def readable_token(token: str, style: str) -> str:
+    """One token as people read it (module docstring)."""
+    if looks_special(token):
+        return token
+    decode = _DECODERS.get(style)
+    return _visible(decode(token) if decode else token)
+
+
+def readable(tokens: Iterable[str], style: str | None) -> list[str]:
+    """Tokens as people read them; ``style`` ``None`` guesses it (:func:`guess_style`)."""
+    tokens = list(tokens)
+    if style is None:
+        style = guess_style(tokens)
+    if style not in TOKEN_STYLES:
+        raise InputError(f"token style must be one of {', '.join(TOKEN_STYLES)}; got {style!r}")
+    return [readable_token(t, style) for t in tokens]

@@ -15,12 +15,14 @@ import torch
 from torch import nn
 
 from attnprobe.capture.text import (
+    Text,
     encode,
     max_length_of,
     model_inputs,
-    model_keys,
+    pad_ids,
     token_lengths,
 )
+from attnprobe.capture.token_ids import input_vocab_size
 from attnprobe.errors import InputError
 from attnprobe.heads.trees import Tree
 
@@ -29,11 +31,12 @@ __all__ = ["CensusBatch", "Sentence", "plan_batches"]
 
 @dataclass(frozen=True)
 class Sentence:
-    """One sentence to run: its words (when it has a tree) or text, and its token count."""
+    """One sentence to run: its words (when it has a tree) or text (a string or token ids),
+    and its token count."""
 
     index: int
     sentence_id: str
-    text: str | None
+    text: Text | None
     tree: Tree | None
     n_tokens: int
 
@@ -57,23 +60,31 @@ class CensusBatch:
                            max_length=self.max_length, truncation=self.truncation)
             return model_inputs(self.model, batch), None
         words = [list(it.tree.words) for it in items]
-        enc = self.tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
-        token_word = torch.tensor([[-1 if w is None else w for w in enc.word_ids(b)]
-                                   for b in range(len(items))], dtype=torch.long)
-        batch = model_keys(enc)
+        enc = self.tokenizer(words, is_split_into_words=True)  # padded here: no pad token needed
+        batch = pad_ids(self.model, self.tokenizer, enc["input_ids"])
+        token_word = torch.full_like(batch["input_ids"], -1)
+        for b in range(len(items)):
+            found = [-1 if w is None else w for w in enc.word_ids(b)]
+            token_word[b, :len(found)] = torch.tensor(found, dtype=torch.long)
         return model_inputs(self.model, batch), token_word
 
 
-def _lengths(tokenizer: Any, texts: Sequence[str] | None,
+def _lengths(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
              trees: Sequence[Tree] | None) -> list[int]:
-    if trees is None:
-        return token_lengths(tokenizer, texts)
+    if trees is None:  # checked as every corpus analysis checks them (capture.text)
+        return token_lengths(tokenizer, texts, model=model)
     try:
         enc = tokenizer([list(t.words) for t in trees], is_split_into_words=True)
     except (TypeError, ValueError) as exc:
         raise InputError(f"this tokenizer cannot take pre-split words ({exc}); "
                          "syntax needs a tokenizer that can") from None
+    vocab = input_vocab_size(model)
     for b, tree in enumerate(trees):
+        ids = enc["input_ids"][b]
+        if vocab is not None and ids and max(ids) >= vocab:
+            raise InputError(f"sentence {tree.sentence_id} gives token id {max(ids)} but the "
+                             f"model has {vocab} input embeddings (ids 0..{vocab - 1}): the "
+                             "tokenizer does not belong to this model")
         covered = {w for w in enc.word_ids(b) if w is not None}
         if len(covered) != len(tree.words):
             missing = sorted(set(range(len(tree.words))) - covered)[0]
@@ -82,13 +93,13 @@ def _lengths(tokenizer: Any, texts: Sequence[str] | None,
     return [len(ids) for ids in enc["input_ids"]]
 
 
-def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
+def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
                trees: Sequence[Tree] | None, max_length: int | None,
                truncation: str) -> tuple[list[Sentence], tuple[str, ...]]:
     if truncation == "cut" and trees is not None:
         raise InputError("a parsed sentence cannot be cut (its tree would no longer match); "
                          "use truncation='skip' (CLI --skip-long)")
-    lengths = _lengths(tokenizer, texts, trees)
+    lengths = _lengths(model, tokenizer, texts, trees)
     limit = max_length_of(model, tokenizer)
     if max_length is not None:
         limit = min(limit, max_length) if limit else max_length
@@ -110,7 +121,7 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
     return items, tuple(skipped)
 
 
-def plan_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
+def plan_batches(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None = None, *,
                  trees: Sequence[Tree] | None = None, batch_size: int,
                  truncation: str = "error", max_length: int | None = None
                  ) -> tuple[list[CensusBatch], tuple[str, ...]]:

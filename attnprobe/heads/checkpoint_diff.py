@@ -28,6 +28,7 @@ import pandas as pd
 from pandas.api import types as ptypes
 from torch import nn
 
+from attnprobe.capture.info import causal_of
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
 from attnprobe.core import html_view
 from attnprobe.core.scope import ScopeLike
@@ -47,6 +48,31 @@ __all__ = ["KEY", "Diff", "diff", "diff_censuses"]
 KEY = ["stack", "kind", "layer", "head", "head_id"]
 CATEGORICAL = ("label", "family")  # compared as "a, b, changed" when the census has them
 LAYER_KEY = ["stack", "kind", "layer"]
+
+
+def _attention_kind(model: nn.Module) -> dict[str, bool | None]:
+    """What a head's attention means beyond its grid: causal (each token sees only the ones
+    before it) or bidirectional, and whether there is an encoder-decoder (cross-attention);
+    ``None`` when the model does not say."""
+    flag = getattr(getattr(model, "config", None), "is_encoder_decoder", None)
+    return {"causal": causal_of(model),
+            "encoder-decoder": flag if isinstance(flag, bool) else None}
+
+
+def _check_kinds(model_a: nn.Module, model_b: nn.Module) -> None:
+    """Refuse two models whose attention differs in kind: a causal and a bidirectional head
+    of the same index are not one head before and after fine-tuning."""
+    kind_a, kind_b = _attention_kind(model_a), _attention_kind(model_b)
+    for what, a in kind_a.items():
+        b = kind_b[what]
+        if a is not None and b is not None and a != b:
+            names = {"causal": ("causal", "bidirectional"),
+                     "encoder-decoder": ("encoder-decoder", "not encoder-decoder")}[what]
+            shown = [names[0] if flag else names[1] for flag in (a, b)]
+            raise InputError(f"the models' attention differs in kind: model A "
+                             f"({type(model_a).__name__}) is {shown[0]}, model B "
+                             f"({type(model_b).__name__}) is {shown[1]}; a diff compares "
+                             "two checkpoints of one architecture")
 
 
 def _groups(table: pd.DataFrame) -> list[tuple[str, str]]:
@@ -275,9 +301,11 @@ def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
 
     Raises:
         InputError: models of different shapes (layers, heads), vocabularies or tokenizers,
-            a model in training mode, or any bad corpus input (as the census).
+            of attention of different kinds (causal vs bidirectional, encoder-decoder vs
+            not), a model in training mode, or any bad corpus input (as the census).
     """
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
+    _check_kinds(model_a, model_b)
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
     texts, trees = texts_or_trees(texts, trees, syntax, nlp)

@@ -10,7 +10,7 @@ cannot take; :class:`CopySteps` holds the result and cuts it into batches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,8 +18,10 @@ import torch
 from torch import nn
 
 from attnprobe.capture.text import (
+    Text,
+    TokenIds,
     Truncation,
-    check_texts,
+    check_inputs,
     encode,
     max_length_of,
     token_lengths,
@@ -141,7 +143,7 @@ def find_copy_steps(ids: Sequence[int], *, min_match: int = 4
     return target, source
 
 
-def _steps_from_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str],
+def _steps_from_texts(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
                       labels: Sequence[str], min_match: int) -> CopySteps:
     """Tokenise each text (they fit the model: checked before) and find its copy steps."""
     rows = []
@@ -209,7 +211,7 @@ def _checked(task: Any) -> CopySteps:
                      labels)
 
 
-def as_copy_steps(model: nn.Module, tokenizer: Any, task: Sequence[str] | CopyTask, *,
+def as_copy_steps(model: nn.Module, tokenizer: Any, task: Sequence[Text] | CopyTask | Any, *,
                truncation: Truncation = "error", min_match: int = 4) -> CopySteps:
     """The checked copy steps of a task or of texts (:func:`find_copy_steps`), without the
     examples longer than the model takes (``truncation="skip"``; ``"error"`` names the first;
@@ -219,13 +221,14 @@ def as_copy_steps(model: nn.Module, tokenizer: Any, task: Sequence[str] | CopyTa
         raise InputError("a copy task cannot be cut (its copy steps sit at the end); use "
                          "truncation='skip' to leave long examples out, or 'error'")
     limit = max_length_of(model, tokenizer)
-    texts = isinstance(task, (str, list, tuple))
+    # texts: strings or token ids (lists, a 2-D tensor, a tokenizer output); a task has steps
+    texts = isinstance(task, (str, list, tuple, torch.Tensor, Mapping, TokenIds))
     if texts:
-        if tokenizer is None:
+        found = check_inputs(task)
+        if tokenizer is None and any(isinstance(t, str) for t in found):
             raise InputError("texts need a tokenizer; pass the model's tokenizer")
-        found = check_texts(task)
         labels = [str(i) for i in range(len(found))]
-        keep = _fitting(token_lengths(tokenizer, found), labels, limit, mode)
+        keep = _fitting(token_lengths(tokenizer, found, model=model), labels, limit, mode)
         check_number("min_match", min_match, integer=True, minimum=1)
         steps = _steps_from_texts(model, tokenizer, [found[i] for i in keep],
                                   [labels[i] for i in keep], min_match)

@@ -26,7 +26,6 @@ from attnprobe.capture.info import model_info, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
-    max_length_of,
     truncation_mode,
 )
 from attnprobe.core import html_view
@@ -40,7 +39,7 @@ from attnprobe.heads import labels
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
 from attnprobe.heads.dependencies import SyntaxCounts, score_batch
 from attnprobe.heads.probe import probe_length as resolve_probe_length
-from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.heads.probe import probe_limits, probe_tally, repeated_tokens
 from attnprobe.heads.scores import (
     DEFAULT_MAX_OFFSET,
     INDEX,
@@ -254,7 +253,8 @@ def _stacked_sums(patterns: BatchPatterns, reducers: list[Reducer]) -> StackedSu
                      query_valid=patterns.query_valid, query_pos=positions(patterns.query_valid),
                      key_pos=positions(patterns.key_valid),
                      key_len=patterns.key_valid.sum(-1).clamp(min=1), visible=seen.sum(-1),
-                     query_ids=patterns.query_ids, key_ids=patterns.key_ids)
+                     query_ids=patterns.query_ids, key_ids=patterns.key_ids,
+                     learned_sink=patterns.learned_sink)
     sums: dict[str, Any] = {}
     for reducer in reducers:
         sums.update(reducer(block))
@@ -332,9 +332,12 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
             the batch (their cost is heads² × rows × keys); ``None``: every row.
         repeated: also run the repeated-random-token probe (``rep_*`` scores), built
             through the tokenizer's own template (``[CLS] x x [SEP]``, ``<s> x x`` ...).
-        probe_length: tokens per copy of the probe (default 32, or fewer when the model's
-            positions or the tokenizer's ordinary tokens hold fewer); a length the model
-            cannot hold is an error.
+        probe_length: tokens per copy of the probe. Default: what fits the context the
+            model was trained on, ``(limit - template) // 2``, at most 32 and the tokenizer's
+            ordinary tokens; the limit is ``model.trained_length`` where the model gives it
+            (``ref:induction``: 48, so 23), else its positions (``max_position_embeddings``,
+            the tokenizer's ``model_max_length``). A longer length is a warning naming the
+            limit; one the model's positions cannot hold is an error.
         distributed: split batches across the ranks of an initialised ``torch.distributed``
             process group and all-gather the parts (default: when a group is initialised).
         max_offset: relative offsets beyond ±max_offset (default 64) share one ``far`` bin
@@ -360,9 +363,11 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     truncation = truncation_mode(truncation)
     scope = model_scope(model, scope)
     classes = token_classes(tokenizer)
+    limits = probe_limits(model, tokenizer)
     if repeated:  # checked before any forward: a bad length fails fast
         probe_length = resolve_probe_length(tokenizer, probe_length, classes=classes,
-                                            max_length=max_length_of(model, tokenizer))
+                                            max_length=limits.positions,
+                                            trained_length=limits.trained)
     elif probe_length is not None:
         raise InputError("probe_length needs the repeated-token probe; drop repeated=False")
     texts, trees = texts_or_trees(texts, trees, syntax, nlp)
@@ -384,7 +389,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     merged = CensusPart()
     for part in parts:  # in batch order, whatever the number of ranks
         merged = merged + part
-    probe = repeated_token_scores(model, tokenizer, length=probe_length, classes=classes,
-                                  seed=seed, scope=scope) if repeated else None
+    probe = probe_tally(model, repeated_tokens(tokenizer, length=probe_length, seed=seed,
+                                               max_length=limits.positions, classes=classes),
+                        classes=classes, scope=scope) if repeated else None
     return Census(merged, skipped, window, min_count, probe, scope, probe_length,
                   model=model_info(model, implementation="").name)

@@ -60,9 +60,9 @@ FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 class Thresholds:
     """Every threshold of the rules (module docstring); defaults from methods.md §13.
 
-    Attributes:
-    The sink-free rules (previous, next, self, offset, collapsed, broad) read the
-    ``*_nosink`` scores: the head judged on the mass left after its sink keys.
+    The sink-free rules (previous, next, self, offset, collapsed, broad, and the copying
+    rules on corpus evidence) read the ``*_nosink`` scores or need ``min_rest``: the head is
+    judged on the mass left after its sink keys.
 
     Attributes:
         min_rest: the sink-free rules fire only when at least this share of the mass is left
@@ -78,10 +78,15 @@ class Thresholds:
         diagonal_mass: vertical+diagonal: ``prev + self + next`` at least this ...
         vertical_mass: ... and ``max(special, first, sink)`` at least this.
         block: block: same-segment mass at least this (and no positional rule fires).
-        induction: induction: ``rep_induction`` or ``rep_induction_ahead`` above this.
+        induction: induction: ``rep_induction`` or ``rep_induction_ahead`` above this; without
+            the probe, the corpus' ``induction`` or ``induction_ahead``.
         retrieval: retrieval: ``retrieval`` above this (Wu et al. 2024 call a head a
             retrieval head above 0.1).
-        duplicate: duplicate: ``rep_duplicate`` or ``rep_duplicate_ahead`` above this.
+        duplicate: duplicate: ``rep_duplicate`` or ``rep_duplicate_ahead`` above this; without
+            the probe, the corpus' ``duplicate`` or ``duplicate_ahead``.
+        min_copy_rows: the corpus' copying scores count only when measured on at least this
+            many query rows that hold an earlier (``_ahead``: later) copy of their token
+            (``induction_rows`` ...): a mean over a handful of chance repeats says little.
         broad_entropy_norm: broad: ``entropy_norm_nosink`` at least this ...
         broad_max_weight: ... and ``max_weight_nosink`` at most the larger of this (Clark's
             10%) ...
@@ -103,6 +108,7 @@ class Thresholds:
     induction: float = 0.4
     retrieval: float = 0.1
     duplicate: float = 0.4
+    min_copy_rows: float = 20
     broad_entropy_norm: float = 0.78
     broad_max_weight: float = 0.1
     broad_max_ratio: float = 3.0
@@ -134,6 +140,10 @@ class LabelRule:
         colour: ``#rrggbb`` of the label in reports; None leaves it to the report's fallback.
         family: the coarse class written in the ``family`` column (keyword only; one of
             :data:`FAMILIES` or a new lower-case name).
+        held_back: optional ``held_back(row, thresholds) -> note | None`` (keyword only):
+            why the rule did not fire although its score passed (e.g. too few rows to
+            trust it). The notes of rules ranked before the winning label are added to the
+            evidence, so a head that is not ``induction`` says why.
     """
 
     label: str
@@ -141,12 +151,15 @@ class LabelRule:
     rank: float
     colour: str | None = None
     family: str = field(kw_only=True)
+    held_back: Rule | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label.strip():
             raise InputError(f"a label rule needs a non-empty label, got {self.label!r}")
         if not callable(self.test):
             raise InputError(f"label rule {self.label!r}: test must be callable")
+        if self.held_back is not None and not callable(self.held_back):
+            raise InputError(f"label rule {self.label!r}: held_back must be callable or None")
         if isinstance(self.rank, bool) or not isinstance(self.rank, Real) \
                 or not math.isfinite(self.rank):
             raise InputError(f"label rule {self.label!r}: rank must be a finite number, "

@@ -27,6 +27,8 @@ RULE_SCORES = ("entropy_norm", "max_weight", "chance_weight", "prev", "self", "n
                "next_nosink", "max_weight_nosink", "chance_weight_nosink",
                "entropy_norm_nosink", "pos_score_nosink", "pos_offset_nosink", "block",
                "rep_induction", "rep_induction_ahead", "rep_duplicate", "rep_duplicate_ahead",
+               "duplicate", "induction", "duplicate_ahead", "induction_ahead", "duplicate_rows",
+               "induction_rows", "duplicate_ahead_rows", "induction_ahead_rows",
                "retrieval", "syntax_margin", "syntax_count")
 LABEL_COUNT_COLUMNS = ("family", "family_heads", "label", "heads", "share", "layers", "head_ids")
 # layer_profile: means always reported (NaN when the column is absent) and when present.
@@ -60,13 +62,23 @@ def _head_name(row: Row) -> str:
 
 
 def classify_row(row: Row, thresholds: Thresholds | None = None) -> tuple[str, str, str]:
-    """``(label, evidence, also)`` of one head's scores (a mapping of score name to value)."""
+    """``(label, evidence, also)`` of one head's scores (a mapping of score name to value).
+
+    The evidence is the winning rule's, followed by the notes of the rules ranked before it
+    that were held back (:attr:`~attnprobe.heads.label_rules.LabelRule.held_back`): why the
+    head did not get a label it came close to.
+    """
     t = Thresholds() if thresholds is None else thresholds
-    fired = [(entry.label, evidence) for entry in RULES.rules()
-             if (evidence := entry(row, t)) is not None]
+    rules = RULES.rules()
+    fired = [(entry, evidence) for entry in rules if (evidence := entry(row, t)) is not None]
+    winner = fired[0][0].rank if fired else float("inf")
+    notes = [f"not {entry.label}: {note}" for entry in rules
+             if entry.rank < winner and entry.held_back is not None
+             and (note := entry.held_back(row, t)) is not None]
     if not fired:
-        return FALLBACK, "no rule fired", ""
-    return fired[0][0], fired[0][1], ", ".join(label for label, _ in fired[1:])
+        return FALLBACK, "; ".join(["no rule fired", *notes]), ""
+    return (fired[0][0].label, "; ".join([fired[0][1], *notes]),
+            ", ".join(entry.label for entry, _ in fired[1:]))
 
 
 def classify_scores(scores: pd.DataFrame, thresholds: Thresholds | None = None) -> pd.DataFrame:

@@ -49,7 +49,16 @@ Defaults (:class:`Thresholds`):
   is broad (uniform rows on short inputs reach both by chance). Family ``local``.
 - block: ``block >= 0.8`` and no positional rule fires.
 - induction / duplicate: ``rep_induction`` or ``rep_induction_ahead`` / ``rep_duplicate`` or
-  ``rep_duplicate_ahead > 0.4`` (repeated random tokens, §11.5).
+  ``rep_duplicate_ahead > 0.4`` (repeated random tokens, §11.5), the evidence e.g.
+  ``"rep_induction=0.95 > 0.4"``. The probe is the controlled experiment, so when the table
+  has it, it decides. Without it (``classify(stored_maps)``, ``census(..., repeated=False)``)
+  the rules read the corpus' own ``induction`` / ``induction_ahead`` / ``duplicate`` /
+  ``duplicate_ahead`` mass, measured on the query rows that hold an earlier (later) copy of
+  their token, when at least ``min_copy_rows`` (20) such rows back it (``induction_rows`` ...)
+  and the head is not all sink (``min_rest``); the evidence says so:
+  ``"induction=0.82 > 0.4 over 412 rows"``. A corpus score that passes on fewer rows does not
+  fire, and the head's evidence says why (``"...; not induction: induction=0.9 > 0.4 over 3
+  rows, fewer than min_copy_rows=20"``).
 - retrieval: ``retrieval > 0.1`` when the table has a ``retrieval`` column (Wu et al. 2024:
   the share of copy steps whose most attended key is the token being copied).
 - broad ("uniform collapse"): ``entropy_norm_nosink >= 0.78`` and
@@ -197,12 +206,68 @@ class AnyOver:
         return comparison(name, value, ">", limit)
 
 
-RULES.add(LabelRule("induction", AnyOver(("rep_induction", "rep_induction_ahead"), "induction"),
-                    rank=90, colour="#9c755f", family="copying"))
+@dataclass(frozen=True)
+class Copying:
+    """A copying rule (induction, duplicate) on the best evidence the table has.
+
+    The repeated-token probe's ``probe`` columns decide when the row has any of them: the
+    probe is the controlled experiment (every token of the second copy has exactly one
+    earlier copy). Without the probe (stored maps, ``repeated=False``) the corpus' own
+    ``corpus`` columns are read, each over its ``<column>_rows`` query rows that hold a copy,
+    and only when there are at least ``min_copy_rows`` of them and the head is not all sink
+    (``min_rest``: the scores are renormalised over the content keys, so the last per cent of
+    a sink head would otherwise pass for copying).
+    """
+
+    probe: tuple[str, ...]
+    corpus: tuple[str, ...]
+    threshold: str  # name of the Thresholds field
+
+    def _corpus(self, row: Row, t: Thresholds) -> list[tuple[float, str, float | None]]:
+        """``(value, column, rows)`` of the corpus columns over the threshold (``rows``
+        None without its ``_rows`` column); none when the probe decides or the head is all
+        sink."""
+        if any(score_of(row, name) is not None for name in self.probe) or not sink_free(row, t):
+            return []
+        limit = getattr(t, self.threshold)
+        return [(v, name, score_of(row, f"{name}_rows")) for name in self.corpus
+                if (v := score_of(row, name)) is not None and v > limit]
+
+    def __call__(self, row: Row, t: Thresholds) -> str | None:
+        if any(score_of(row, name) is not None for name in self.probe):
+            return AnyOver(self.probe, self.threshold)(row, t)
+        over = [(v, name, n) for v, name, n in self._corpus(row, t)
+                if n is not None and n >= t.min_copy_rows]
+        if not over:
+            return None
+        value, name, rows = max(over, key=lambda found: found[0])  # first of ties wins
+        limit = getattr(t, self.threshold)
+        return f"{comparison(name, value, '>', limit)} over {number_text(rows)} rows"
+
+    def held_back(self, row: Row, t: Thresholds) -> str | None:
+        """The corpus score that passed on too few rows (or on an unknown number)."""
+        few = [(v, name, n) for v, name, n in self._corpus(row, t)
+               if n is None or n < t.min_copy_rows]
+        if not few:
+            return None
+        value, name, rows = max(few, key=lambda found: found[0])
+        score = comparison(name, value, ">", getattr(t, self.threshold))
+        if rows is None:
+            return f"{score} on an unknown number of rows (no {name}_rows column)"
+        return f"{score} over {number_text(rows)} rows, fewer than " \
+               f"min_copy_rows={t.min_copy_rows:g}"
+
+
+INDUCTION = Copying(("rep_induction", "rep_induction_ahead"), ("induction", "induction_ahead"),
+                    "induction")
+DUPLICATE = Copying(("rep_duplicate", "rep_duplicate_ahead"), ("duplicate", "duplicate_ahead"),
+                    "duplicate")
+RULES.add(LabelRule("induction", INDUCTION, rank=90, colour="#9c755f", family="copying",
+                    held_back=INDUCTION.held_back))
 RULES.add(LabelRule("retrieval", AnyOver(("retrieval",), "retrieval"), rank=95,
                     colour="#b6992d", family="copying"))
-RULES.add(LabelRule("duplicate", AnyOver(("rep_duplicate", "rep_duplicate_ahead"), "duplicate"),
-                    rank=100, colour="#bab0ac", family="copying"))
+RULES.add(LabelRule("duplicate", DUPLICATE, rank=100, colour="#bab0ac", family="copying",
+                    held_back=DUPLICATE.held_back))
 
 
 @rule("broad", rank=110, family="uniform_collapse", colour="#86bcb6")

@@ -29,7 +29,7 @@ from attnprobe.capture.info import attention_sizes, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
-    check_texts,
+    check_inputs,
     max_length_of,
     model_inputs,
     truncation_mode,
@@ -271,7 +271,7 @@ def attention_change(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
-    texts = check_texts(texts) if texts is not None else None
+    texts = check_inputs(texts) if texts is not None else None  # strings or token ids
     scope = model_scope(model_a, scope)
     limit = common_max_length(model_a, model_b, tokenizer, tokenizer_b, max_length)
     batches, _ = plan_batches(model_a, tokenizer, texts, trees=trees, batch_size=batch_size,

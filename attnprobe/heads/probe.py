@@ -10,10 +10,19 @@ A[i, i+m] and A[i, i+m+1] (special keys excluded and the row renormalised).
 
 The tokens are drawn from the tokenizer's *ordinary* tokens: no special token, no unknown
 token, no ``[unused]``-style placeholder, no punctuation and no blank token.
+
+**Length.** Heads are probed inside the context the model was trained on: past it, position
+codes the model never saw blur its positional heads (``ref:induction``, trained on 48 tokens,
+gives ``rep_induction`` 0.77–0.85 at 65 tokens and 0.93–0.96 at 47). The default is what fits
+that context (:func:`probe_limits`), at most :data:`DEFAULT_PROBE_LENGTH` tokens per copy; a
+longer length the model's positions still hold is a warning naming the limit, one its
+positions cannot hold an error.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +36,8 @@ from attnprobe.core.tokens import looks_special, special_template, token_classes
 from attnprobe.errors import InputError
 from attnprobe.heads.census_stats import CensusStats
 
-__all__ = ["DEFAULT_PROBE_LENGTH", "probe_length", "probe_vocabulary", "repeated_token_scores",
-           "repeated_tokens"]
+__all__ = ["DEFAULT_PROBE_LENGTH", "ProbeLimits", "probe_length", "probe_limits", "probe_tally",
+           "probe_vocabulary", "repeated_token_scores", "repeated_tokens", "trained_length"]
 
 DEFAULT_PROBE_LENGTH = 32  # tokens per copy; the input is 2 x this plus the template
 N_SEQUENCES = 4
@@ -56,23 +65,66 @@ def _check_length(length: object) -> int:
     return length
 
 
-def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int | None = None,
-                 classes: dict[str, torch.Tensor] | None = None) -> int:
-    """Tokens per copy of the probe: ``length``, checked, or by default
-    :data:`DEFAULT_PROBE_LENGTH`, shortened to what the model's positions (``max_length``, the
-    template included) and the tokenizer's ordinary tokens hold.
+def trained_length(model: nn.Module) -> int | None:
+    """The length of the sequences ``model`` was trained on, when it says so
+    (``model.trained_length`` or ``model.config.trained_length``, as attnprobe's trained
+    reference models do), else None. A HuggingFace checkpoint's trained context is its position
+    limit (``max_position_embeddings``), which :func:`probe_limits` reads anyway."""
+    for owner in (model, getattr(model, "config", None)):
+        value = getattr(owner, "trained_length", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
-    Raises InputError when a given length does not fit, or when not even 2 tokens do.
+
+@dataclass(frozen=True)
+class ProbeLimits:
+    """Tokens (template included) the probe may take: ``positions``, what the model accepts
+    (the tokenizer's ``model_max_length`` and the position table); ``trained``, what it was
+    trained on (at most ``positions``). None where unknown."""
+
+    positions: int | None = None
+    trained: int | None = None
+
+
+def probe_limits(model: nn.Module, tokenizer: Any) -> ProbeLimits:
+    """The model's :class:`ProbeLimits`."""
+    positions = max_length_of(model, tokenizer)
+    trained = trained_length(model)
+    if trained is None or (positions is not None and trained > positions):
+        trained = positions
+    return ProbeLimits(positions, trained)
+
+
+def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int | None = None,
+                 trained_length: int | None = None,
+                 classes: dict[str, torch.Tensor] | None = None) -> int:
+    """Tokens per copy of the probe: ``length``, checked, or by default what fits the
+    model's trained context — ``(trained_length - template) // 2`` (``max_length`` when no
+    trained length is known), at most :data:`DEFAULT_PROBE_LENGTH` and the tokenizer's
+    ordinary tokens.
+
+    ``max_length``: the most tokens the model accepts (template included); ``trained_length``:
+    the length it was trained on (:func:`probe_limits` gives both). A given length beyond
+    ``trained_length`` that ``max_length`` still holds is a warning naming the limit.
+
+    Raises InputError when a given length does not fit the positions or the vocabulary, or
+    when not even 2 tokens fit.
     """
     prefix, suffix = special_template(tokenizer)
     n_special = len(prefix) + len(suffix)
     room = None if max_length is None else (max_length - n_special) // 2
+    trained = trained_length if trained_length is not None else max_length
+    if trained is not None and max_length is not None:
+        trained = min(trained, max_length)
+    fits = None if trained is None else (trained - n_special) // 2  # the trained context
     n_vocab = len(probe_vocabulary(tokenizer, classes))
     if length is None:
-        length = min(DEFAULT_PROBE_LENGTH, n_vocab, room if room is not None else n_vocab)
+        length = min(DEFAULT_PROBE_LENGTH, n_vocab, fits if fits is not None else n_vocab)
         if length < 2:
             what = (f"the tokenizer has {n_vocab} ordinary token(s)" if n_vocab < 2 else
-                    f"the model takes {max_length} tokens")
+                    f"the model takes {trained} tokens" if trained == max_length else
+                    f"the model was trained on {trained} tokens")
             raise InputError(f"the repeated-token probe needs 2 x 2 tokens + {n_special} "
                              f"special, but {what}; pass repeated=False (CLI --no-repeated)")
         return length
@@ -85,6 +137,11 @@ def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int |
     if length > n_vocab:
         raise InputError(f"probe length {length} exceeds the tokenizer's {n_vocab} ordinary "
                          f"tokens (each copy draws distinct tokens); use at most {n_vocab}")
+    if fits is not None and length > fits:
+        warnings.warn(f"probe length {length} builds {2 * length + n_special} tokens, more "
+                      f"than the {trained} the model was trained on: its heads may not "
+                      f"behave as trained there; a length of at most {max(fits, 0)} fits",
+                      UserWarning, stacklevel=3)
     return length
 
 
@@ -119,11 +176,20 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int | Non
     """``rep_prev``, ``rep_duplicate``, ``rep_induction``, ``rep_duplicate_ahead`` and
     ``rep_induction_ahead`` per head, as a mergeable tally (see
     :class:`~attnprobe.heads.census_stats.CensusStats`). ``length``: tokens per copy
-    (:func:`probe_length`); ``classes``: the tokenizer's token classes when already known
-    (:func:`token_classes`)."""
+    (:func:`probe_length`, within the model's :func:`probe_limits`); ``classes``: the
+    tokenizer's token classes when already known (:func:`token_classes`)."""
     classes = classes if classes is not None else token_classes(tokenizer)
+    limits = probe_limits(model, tokenizer)
+    length = probe_length(tokenizer, length, max_length=limits.positions,
+                          trained_length=limits.trained, classes=classes)
     batch = repeated_tokens(tokenizer, length=length, n_sequences=n_sequences, seed=seed,
-                            max_length=max_length_of(model, tokenizer), classes=classes)
+                            max_length=limits.positions, classes=classes)
+    return probe_tally(model, batch, classes=classes, scope=scope)
+
+
+def probe_tally(model: nn.Module, batch: dict[str, torch.Tensor], *,
+                classes: dict[str, torch.Tensor], scope: ScopeLike = "all") -> Tally:
+    """The ``rep_*`` tally of a probe batch from :func:`repeated_tokens` (one forward)."""
     stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
     with torch.no_grad(), capture(model, scope, keep=False, reducers=[stats],
                                   stop_early=True) as cap:

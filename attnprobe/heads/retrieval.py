@@ -139,7 +139,8 @@ def retrieval_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str] | Co
     """The retrieval score of every head in ``scope`` over the copy steps of ``texts``.
 
     Args:
-        texts: texts, whose copy steps are found by :func:`find_copy_steps` (``min_match``
+        texts: texts (strings or token ids, as every corpus analysis takes them), whose
+            copy steps are found by :func:`find_copy_steps` (``min_match``
             tokens), or a :class:`CopyTask` that names them (e.g.
             :func:`attnprobe.tasks.needle.needle_task`).
         batch_size: examples per forward.
@@ -179,9 +180,20 @@ def copy_accuracy(model: nn.Module, tokenizer: Any, texts: Sequence[str] | CopyT
                   batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
                   min_match: int = 4) -> pd.DataFrame:
     """How often the model's greedy next token is the copied one, per example (``texts``
-    and the options as in :func:`retrieval_scores`).
+    and the options as in :func:`retrieval_scores`): one teacher-forced forward, the argmax
+    of the logits at each copy step against its target.
 
     Run it inside :func:`attnprobe.perturb.perturbed` to see what ablating heads costs.
+
+    Which positions count depends on the input. In texts the copy steps are found by
+    :func:`find_copy_steps`: only where the last ``min_match`` (4) tokens occurred earlier,
+    so the first ``min_match - 1`` positions of a repeated segment — where the copy is
+    hardest to find — are usually no steps. A task names its steps. So on
+    ``ref:induction``'s held-out texts it reads higher than
+    :func:`attnprobe.tasks.induction.copy_scores`, which scores every position of the second
+    copy; on :func:`attnprobe.tasks.induction.copy_task` the two agree (pool this table as
+    ``correct.sum() / copy_steps.sum()``; the mean of ``accuracy`` weighs every example
+    alike).
 
     Returns:
         One row per example (:data:`ACCURACY_COLUMNS`): ``copy_steps``, ``correct`` and

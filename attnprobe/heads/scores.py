@@ -34,6 +34,10 @@ block              share of content attention kept in the query's own segment (p
 duplicate ...      token-match scores on the corpus: ``duplicate``, ``induction`` (earlier
                    keys) and ``duplicate_ahead``, ``induction_ahead`` (later keys), over rows
                    where the pattern exists
+*_rows             how many query rows each of those four is a mean over (rows that hold an
+                   earlier / later copy of their token): ``duplicate_rows``,
+                   ``induction_rows``, ``duplicate_ahead_rows``, ``induction_ahead_rows``;
+                   the copying labels trust the corpus scores only over enough rows
 rep_*              the same on repeated random tokens inside the tokenizer's own template,
                    ``[CLS] x x [SEP]``, ``<s> x x`` ... (``rep_prev``, ``rep_duplicate``,
                    ``rep_induction``, ``rep_duplicate_ahead``, ``rep_induction_ahead``;
@@ -58,6 +62,7 @@ from attnprobe.heads.sinks import NAMED_OFFSETS
 INDEX = ["stack", "kind", "layer", "head", "head_id"]
 SINK_COLUMNS = ("sink", "sink_rate", "column_sink")
 NOSINK_COLUMNS = ("prev", "self", "next", "max_weight", "chance_weight", "entropy_norm")
+COPY_COLUMNS = ("duplicate", "induction", "duplicate_ahead", "induction_ahead")  # with _rows
 DEFAULT_MAX_OFFSET = 64
 """Offsets beyond ±64 tokens share one ``far`` bin by default: a bin per offset would make
 every block of a long input cost O(length) statistics (and ``.offsets()`` a table that long);
@@ -111,12 +116,18 @@ def wide_scores(tally: Tally, *, window: int = 3, extra: pd.DataFrame | None = N
             take(column)
     if "sink" in wide:
         _sink_free(out, wide)
-    for column in ("block", "duplicate",
-                   "induction", "duplicate_ahead", "induction_ahead", "rep_prev",
+    for column in ("block", *COPY_COLUMNS, "rep_prev",
                    "rep_duplicate", "rep_induction", "rep_duplicate_ahead",
                    "rep_induction_ahead"):
         if column in wide:
             take(column)
+    copies = [c for c in COPY_COLUMNS if c in wide]
+    if copies:  # a head with no such row has no entry: 0 rows
+        rows = frame[frame["statistic"].isin(copies)].pivot_table(
+            index=INDEX, columns="statistic", values="count", sort=False)
+        rows = rows.reindex(pd.MultiIndex.from_frame(out[INDEX])).fillna(0.0)
+        for column in copies:
+            out[f"{column}_rows"] = rows[column].to_numpy().astype(int) if column in rows else 0
     if extra is not None and not extra.empty:
         keys = ["stack", "kind", "layer", "head"]
         out = out.merge(extra.drop(columns=["head_id"], errors="ignore"), on=keys, how="left")

@@ -28,7 +28,7 @@ mass left counts nothing, and a head with no mass left anywhere has no sink-free
 =======================  ===================================================================
 statistic                sum over rows (sink-free ones: ``(sum, Σ r_i)``)
 =======================  ===================================================================
-sink                     ``s_i``
+sink                     ``s_i`` (plus the mass a learned sink took, ``1 - Σ_j a_ij``)
 sink_rate                ``1[s_i > epsilon]``
 column_sink              mass on column sinks that are neither first nor a start token
 rest                     ``r_i``
@@ -278,6 +278,8 @@ def sink_sums(block: RowBlock, a: torch.Tensor, rel: torch.Tensor, view: SinkVie
     only_column = view.used & ~torch.gather(view.fixed[:, None, :].expand_as(view.sinks), -1,
                                             view.index)
     sink = view.on_sinks.sum(-1)
+    if block.learned_sink:  # the mass a learned sink took is sink mass too
+        sink = sink + (1 - a.sum(-1)).clamp(min=0)
     column = (view.on_sinks * only_column[:, :, None, :]).sum(-1)
     # r_i H(p_i) = -Σ_(j no sink) a_ij ln a_ij + r_i ln r_i, the first term being the row's
     # entropy less its sink keys' terms

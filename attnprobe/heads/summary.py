@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from attnprobe.core.reducers import Reducer, RowBlock, Tally, default_reducers
+from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import TokenVocabulary
 from attnprobe.errors import InputError
 from attnprobe.heads.labels import Thresholds, classify_scores
@@ -52,16 +53,29 @@ def tally_maps(maps: Sequence[AttentionMap], reducers: Sequence[Reducer] | None 
                              query_pos=torch.arange(n_q)[None],
                              key_pos=torch.arange(n_k)[None],
                              key_len=torch.tensor([n_k]),
-                             visible=_visible(amap, n_q, n_k), **ids)
+                             visible=_visible(amap, n_q, n_k),
+                             learned_sink=amap.learned_sink, **ids)
             tally.add((amap.stack, amap.kind, layer), amap.heads, block, reducers)
     return tally
 
 
-def summarize(maps: Sequence[AttentionMap],
-              reducers: Sequence[Reducer] | None = None) -> pd.DataFrame:
+def in_scope(table: pd.DataFrame, scope: ScopeLike) -> pd.DataFrame:
+    """The rows of ``table`` (with ``layer`` and ``head`` columns) whose head ``scope`` holds.
+
+    Maps keep the smallest ``layers × heads`` grid holding their scope (``heads:0.2,1.8``
+    keeps L0H8 and L1H2 too), so every table made from them is cut back to the scope."""
+    scope = Scope.parse(scope)
+    if scope.is_all or table.empty:
+        return table
+    return table[scope.mask(table["layer"], table["head"])].reset_index(drop=True)
+
+
+def summarize(maps: Sequence[AttentionMap], reducers: Sequence[Reducer] | None = None, *,
+              scope: ScopeLike = None) -> pd.DataFrame:
     """One row per head: entropy, max weight, prev/self/next mass, first-key mass (means
-    over every query row of every map)."""
-    return tally_maps(maps, reducers).summary()
+    over every query row of every map); only the heads of ``scope`` (default: every head
+    the maps hold)."""
+    return in_scope(tally_maps(maps, reducers).summary(), scope)
 
 
 def classify(maps: Sequence[AttentionMap] | Any, *, tokenizer: Any = None,
@@ -71,7 +85,8 @@ def classify(maps: Sequence[AttentionMap] | Any, *, tokenizer: Any = None,
     Returns one row per head: ``stack, kind, layer, head, head_id, label, family, evidence,
     also`` and every score (see :mod:`attnprobe.heads.scores`), computed by the census'
     reducer, so the labels are the census' (sink keys included; the ``rep_*`` probe scores need
-    a model and are absent). Without ``tokenizer`` the special tokens are recognised by their
+    a model and are absent, so the copying labels read the maps' own copies over enough rows:
+    :mod:`attnprobe.heads.labels`). Without ``tokenizer`` the special tokens are recognised by their
     usual spellings (``[CLS]``, ``<s>`` ...).
     """
     if hasattr(maps, "classify") and not isinstance(maps, Sequence):

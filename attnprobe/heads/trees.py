@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnprobe.capture.text import check_texts
+from attnprobe.capture.text import Text, check_inputs, check_texts
 from attnprobe.core.display import counted, describe, quoted
 from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
@@ -343,16 +343,17 @@ def parse(texts: Sequence[str], nlp: Any = None, batch_size: int = 64) -> list[T
     return trees
 
 
-def texts_or_trees(texts: Sequence[str] | None, trees: Sequence[Tree] | None,
+def texts_or_trees(texts: Sequence[Text] | None, trees: Sequence[Tree] | None,
                    syntax: bool | None, nlp: Any = None
-                   ) -> tuple[list[str] | None, Sequence[Tree] | None]:
-    """``(texts, trees)`` of a corpus analysis that takes either: texts are checked, and
-    parsed into trees (``nlp`` or the packaged pipeline) when ``syntax`` is true; trees with
+                   ) -> tuple[list[Text] | None, Sequence[Tree] | None]:
+    """``(texts, trees)`` of a corpus analysis that takes either: texts (strings or token
+    ids, :func:`~attnprobe.capture.text.check_inputs`) are checked, and parsed into trees
+    (``nlp`` or the packaged pipeline) when ``syntax`` is true (strings only); trees with
     ``syntax=False`` are an error (there is nothing else to read from them)."""
     if texts is not None:
-        texts = check_texts(texts)
         if syntax:
-            return None, parse(texts, nlp=nlp)
+            return None, parse(check_texts(texts), nlp=nlp)
+        texts = check_inputs(texts)
     elif syntax is False:
         raise InputError("trees were given but syntax=False; pass texts instead")
     return texts, trees

@@ -9,14 +9,13 @@ summing to 1. :func:`to_words` does this with pooling matrices (no loop over tok
 from __future__ import annotations
 
 import codecs
-import functools
 import unicodedata
 from collections.abc import Collection, Sequence
 
 import torch
 
 from attnprobe.core.registry import one_of
-from attnprobe.core.tokens import UNKNOWN_TOKENS, looks_special
+from attnprobe.core.tokens import UNKNOWN_TOKENS, byte_alphabet, looks_special
 from attnprobe.errors import InputError
 
 TO_AGGS = ("sum", "mean", "max")
@@ -109,21 +108,6 @@ def to_words(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int, *,
 
 
 # ----------------------------------------------------------------------------------- alignment
-@functools.lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: printable character -> byte (``Ġ`` is a space)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
 def normalise(text: str) -> str:
     """Text as compared by :func:`align_tokens`: lower-case, accents stripped, no spaces
     (as BERT's uncased basic tokenizer does)."""
@@ -136,7 +120,7 @@ def _token_texts(tokens: Sequence[str], skip: Collection[str]) -> list[str]:
     """Surface text of each token with sub-word markers removed (byte-level BPE decoded)."""
     texts = []
     if any("Ġ" in t for t in tokens):  # GPT-2 / RoBERTa byte-level tokens
-        decoder, table = codecs.getincrementaldecoder("utf-8")(errors="replace"), _byte_decoder()
+        decoder, table = codecs.getincrementaldecoder("utf-8")(errors="replace"), byte_alphabet()
         for token in tokens:
             if token in skip:
                 texts.append("")

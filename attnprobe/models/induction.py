@@ -192,7 +192,11 @@ def _cached(recipe: Recipe) -> tuple[LlamaModel, dict[str, Any]]:
 @REFERENCE_MODELS.register("induction")
 def induction(seed: int = 0) -> tuple[nn.Module, WordTokenizer]:
     """A trained 2-layer attention-only decoder that copies in context (a known induction
-    circuit); trained once (about a minute) and cached."""
-    model, log = _cached(Recipe(seed=seed))
+    circuit); trained once (about a minute) and cached. ``model.trained_length`` is the length
+    of its training sequences ([BOS] included): it accepts up to ``Recipe.max_len`` positions,
+    but its previous-token heads lose their offset beyond what it was trained on."""
+    recipe = Recipe(seed=seed)
+    model, log = _cached(recipe)
     model.training_log = log
+    model.trained_length = recipe.seq_len
     return finish_reference(model, "induction"), induction_tokenizer()

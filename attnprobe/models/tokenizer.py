@@ -109,7 +109,11 @@ class WordTokenizer:
             raise InputError("empty text: give at least one non-whitespace character")
         return _TOKEN_RE.findall(text.lower())
 
-    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
+        """The id of a token (a str gives one int, as in HuggingFace tokenizers), or of each
+        token of a list; unknown tokens are ``[UNK]``."""
+        if isinstance(tokens, str):
+            return self.vocab.get(tokens, self.unk_token_id)
         return [self.vocab.get(t, self.unk_token_id) for t in tokens]
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int] | torch.Tensor) -> str | list[str]:
@@ -128,6 +132,22 @@ class WordTokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of ``[BOS]`` + the tokens of ``text``."""
         return [self.bos_token_id, *self.convert_tokens_to_ids(self.tokenize(text))]
+
+    def decode(self, ids: int | Sequence[int] | torch.Tensor, *,
+               skip_special_tokens: bool = False) -> str:
+        """The tokens of ``ids`` joined by spaces (the text is lower-cased and split, so this
+        is its tokens, not the original spelling); ``[PAD]`` is always left out, every special
+        token with ``skip_special_tokens``."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        ids = [ids] if isinstance(ids, int) else list(ids)
+        drop = set(self.all_special_ids) if skip_special_tokens else {self.pad_token_id}
+        return " ".join(self._token(int(i)) for i in ids if int(i) not in drop)
+
+    def batch_decode(self, rows: Sequence[Sequence[int]] | torch.Tensor, *,
+                     skip_special_tokens: bool = False) -> list[str]:
+        """:meth:`decode` of each row."""
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
 
     def __call__(
         self,

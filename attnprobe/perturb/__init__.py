@@ -23,7 +23,14 @@ from attnprobe.core.scope import Scope
 from attnprobe.perturb.adversarial import AdversarialResult, adversarial_attention
 from attnprobe.perturb.context import head_output_means, perturbed
 from attnprobe.perturb.draws import DirichletParams, PermuteParams
-from attnprobe.perturb.experiments import EXPERIMENTS, RUN_COLUMNS, SWEEPS, params_of, run
+from attnprobe.perturb.experiments import (
+    EXPERIMENTS,
+    RUN_COLUMNS,
+    SWEEPS,
+    params_of,
+    reads_target,
+    run,
+)
 from attnprobe.perturb.importance import head_importance, pruning_curve, similarity_loss
 from attnprobe.perturb.interventions import (
     INTERVENTIONS,
@@ -57,6 +64,7 @@ __all__ = [
     "adversarial_attention",
     "attention_jsd", "attention_sizes", "cosine_distance", "decision_flip", "describe",
     "head_importance", "head_output_means", "jsd", "logit_change", "make_intervention",
-    "output_change", "params_of", "perturbed", "prob_change", "pruning_curve", "run",
+    "output_change", "params_of", "perturbed", "prob_change", "pruning_curve", "reads_target",
+    "run",
     "similarity_loss", "tvd",
 ]

@@ -30,7 +30,7 @@ from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
     batch_spans,
-    check_texts,
+    check_inputs,
     encode,
     model_inputs,
 )
@@ -130,7 +130,7 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
     if getattr(model.config, "is_encoder_decoder", False):
         raise InputError("mean-ablation means are keyed by layer; an encoder-decoder model has "
                          "several stacks per layer index")
-    texts = check_texts(texts)
+    texts = check_inputs(texts)  # strings or token ids
     model_scope(model, Scope(layers=tuple(layers) if layers is not None else None))
 
     def batch_sums(part: slice) -> tuple[dict[int, torch.Tensor], int]:

@@ -7,18 +7,25 @@ Draw ``j`` of text ``i`` uses its own CPU generator seeded from ``(seed, i, j)``
 text's index in the caller's list), so neither the batching nor the split over processes
 changes any draw. Memory stays flat in ``N`` except for the ``N × metrics`` distances the
 median needs (8 bytes each; checked against the budget before the run).
+
+Time grows with ``N`` × texts, so ``progress=True`` (the command line's default) counts
+*draws*, not texts: the bar advances after every forward and shows the rate and the time
+left, so a run that would take hours (``--permutations 100000000``) says so within seconds;
+lower ``N`` or stop it (Ctrl-C).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from attnprobe.capture import capture
+from attnprobe.core.distributed import rank_and_world
+from attnprobe.core.optional import require
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, InputError
 from attnprobe.perturb.adversarial import repeat_inputs
@@ -69,7 +76,40 @@ class _RowEdit:
         return edited
 
 
-def _draws(job: Job, intervention: Any, n: int, i: int, text: str) -> list[Row]:
+class _DrawBar:
+    """A tqdm bar over every draw of this process's texts (rank 0 draws it); a no-op when
+    progress is off."""
+
+    def __init__(self, job: Job, n: int) -> None:
+        self._bar: Any = None
+        if job.progress:
+            rank, world = rank_and_world(job.distributed)
+            total = n * len(job.texts[rank::world])
+            self._bar = require("tqdm").tqdm(total=total, desc=f"perturb {job.name}",
+                                             unit="draw", disable=rank != 0)
+
+    def update(self, count: int) -> None:
+        if self._bar is not None:
+            self._bar.update(count)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _per_text_draws(job: Job, intervention: Any, n: int) -> list[Row]:
+    """:func:`_draws` of every text (sharded), with a bar over the draws instead of the
+    texts (one text can take hours)."""
+    bar = _DrawBar(job, n)
+    try:
+        quiet = replace(job, progress=False)
+        return quiet.per_text(lambda i, text: _draws(quiet, intervention, n, i, text, bar))
+    finally:
+        bar.close()
+
+
+def _draws(job: Job, intervention: Any, n: int, i: int, text: str,
+           bar: _DrawBar | None = None) -> list[Row]:
     """``n`` draws of ``intervention`` on text ``i``, ``job.batch_size`` per forward."""
     metrics = distances_of(job.reader.kind)
     inputs = job.encode([text])
@@ -95,6 +135,8 @@ def _draws(job: Job, intervention: Any, n: int, i: int, text: str) -> list[Row]:
             for m, metric in enumerate(metrics):
                 values[m, start:start + count] = measures[metric][1].numpy()
             max_after += float(mean_row_max(*edit.after).sum())
+            if bar is not None:
+                bar.update(count)
     params = job.record()
     scope, example = str(job.scope), str(i)
     rows = []
@@ -124,15 +166,14 @@ class PermuteParams(Params):
                                  flag="--permutations")
     seeded = True
 
-    def footprint(self, batch_size: int) -> Footprint:
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         return _footprint(batch_size, self.n_permutations, "n_permutations")
 
 
 @register_experiment("permute", PermuteParams)
 def _permute(job: Job) -> list[Row]:
     """Jain & Wallace's permutations, ``n_permutations`` per text."""
-    n = job.params.n_permutations
-    return job.per_text(lambda i, text: _draws(job, Permute(), n, i, text))
+    return _per_text_draws(job, Permute(), job.params.n_permutations)
 
 
 @dataclass(frozen=True)
@@ -143,7 +184,7 @@ class DirichletParams(Params):
     alpha: float = option(1.0, "Dirichlet concentration", minimum=0, strict=True)
     seeded = True
 
-    def footprint(self, batch_size: int) -> Footprint:
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         return _footprint(batch_size, self.n_draws, "n_draws")
 
 
@@ -151,5 +192,4 @@ class DirichletParams(Params):
 def _dirichlet(job: Job) -> list[Row]:
     """Wiegreffe & Pinter's random re-draws from Dirichlet(alpha), batched like permute."""
     intervention = Dirichlet(alpha=job.params.alpha)
-    n = job.params.n_draws
-    return job.per_text(lambda i, text: _draws(job, intervention, n, i, text))
+    return _per_text_draws(job, intervention, job.params.n_draws)

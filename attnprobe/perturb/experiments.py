@@ -127,7 +127,7 @@ from attnprobe.perturb.sweeps import forward_rows, sweep_units
 from attnprobe.perturb.table import tidy
 
 __all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SWEEPS", "Experiment",
-           "params_of", "run"]
+           "params_of", "reads_target", "run"]
 
 # the experiment that applies each intervention, for the message when one is named instead
 _APPLIED_BY = {"zero": "ablate"}
@@ -172,6 +172,23 @@ def _check_model(model: Any, output: Any) -> None:
                          "call model.eval()")
 
 
+def reads_target(experiment: str, **options: Any) -> bool:
+    """Whether ``experiment`` with these options reads ``run(target=...)`` (``erase`` with an
+    attribution ranking, ``importance``); the others refuse a target."""
+    spec = _experiment_named(experiment)
+    return spec.params.build(spec.name, options).target_unread() is None
+
+
+def _check_target(name: str, params: Params, target: Any) -> None:
+    why = params.target_unread() if target is not None else None
+    if why is not None:
+        readers = [n for n in EXPERIMENTS.names()
+                   if EXPERIMENTS.get(n).params().target_unread() is None]
+        shown = target if isinstance(target, str) else type(target).__name__
+        raise InputError(f"perturb {name} does not read target {shown!r}: {why} (target is "
+                         f"read by {', '.join(readers)}); leave it out")
+
+
 def _check_sweep(spec: Experiment, sweep: Any) -> None:
     if sweep is None:
         return
@@ -199,7 +216,8 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         experiment: a name in :data:`EXPERIMENTS` (see the module docstring).
         scope: which heads are perturbed, in the scope language (``"all"``, ``"layer:3"``,
             ``"heads:0.2,1.8"``, ``"L3H5"`` ...) or a :class:`~attnprobe.core.scope.Scope`.
-        batch_size: rows per forward (default 16; module docstring).
+        batch_size: rows per forward (default 16; module docstring). Part of the shared
+            signature: ``adversarial`` optimises its ``n_adversaries`` as one batch instead.
         sweep: ``"head"``: each head of ``scope`` perturbed alone, one row per head, text
             and metric; ``"layer"``: each layer's scoped heads together (``uniform``,
             ``ablate``, ``mean``; batched, module docstring). Default: the whole scope at
@@ -207,15 +225,20 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         truncation: ``"error"`` (default), ``"cut"`` or ``"skip"`` for texts longer than the
             model allows (skipped texts keep their index out of ``example_id``).
         seed: seeds every random choice (permutations, draws, the random erasure order,
-            adversary initialisations); the same call gives the same table.
-        progress: a progress bar (tqdm) over the texts or batches.
+            adversary initialisations); the same call gives the same table. ``uniform``,
+            ``ablate``, ``mean`` and ``importance`` draw nothing (their table has no
+            ``seed`` column).
+        progress: a progress bar (tqdm) over the texts or batches (over the draws for
+            ``permute`` / ``dirichlet``, with the time left).
         output: ``"auto"``, ``"classifier"``, ``"lm"`` or ``"embedding"`` (module docstring).
         target: ``erase``: what the attribution ranking explains (default: the predicted
             class ``class:K``, ``next-token``, or ``similarity:<the text itself>`` for
             embedding models); ``importance``: the loss is ``−target`` (default: the
             cross-entropy of the model's own prediction; embedding models need
             ``similarity:TEXT``). A spec such as ``"class:1"``, a Target or a callable.
-            The other experiments do not read it.
+            The other experiments (and ``erase`` with only the ``attention`` / ``random``
+            rankings) measure the whole output and refuse a target
+            (:func:`reads_target`).
         max_length: a cap on tokens per text below the model's own limit (``truncation``
             says what happens to longer texts).
         distributed: split the texts over the ranks of an initialised ``torch.distributed``
@@ -231,7 +254,9 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
 
     Raises:
         InputError: unknown experiment, an option the experiment does not take or out of
-            its bounds, a sweep the experiment does not run, empty texts, a bad scope or one
+            its bounds, an option or a target that would change nothing (``n_steps``
+            without an Integrated Gradients ranking, a target for an experiment that reads
+            none), a sweep the experiment does not run, empty texts, a bad scope or one
             out of range, a model in training mode, an output the model does not give, a run
             beyond the memory budget.
         AttentionUnavailableError / HookNotFiredError: the model's attention cannot be
@@ -255,15 +280,16 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     mode = truncation_mode(truncation)
     _check_model(model, output)
     rank_and_world(distributed)  # distributed=True without a process group fails here
+    _check_target(spec.name, params, target)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
-    need = params.footprint(batch_size)
+    seq = _longest(model, tokenizer, corpus.texts, mode, max_length)
+    need = params.footprint(batch_size, len(corpus.texts), seq)
     if sweep is not None:  # the text batch repeated once per head: b texts x c heads rows
         n_units = len(sweep_units(scope, *attention_sizes(model), sweep))
         texts_per, units_per = forward_rows(batch_size, len(corpus.texts), n_units)
         need = Footprint(texts_per * units_per)
-    check_budget(model, spec.name, need,
-                 _longest(model, tokenizer, corpus.texts, mode, max_length), _named(spec.params))
+    check_budget(model, spec.name, need, seq, _named(spec.params))
     job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
               scope, Reader("classifier"), params, seed, target, batch_size,
               "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep)

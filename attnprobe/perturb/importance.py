@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture import Site, capture
-from attnprobe.capture.text import Truncation, batch_spans, check_texts, encode, model_inputs
+from attnprobe.capture.text import Truncation, batch_spans, check_inputs, encode, model_inputs
 from attnprobe.core.distributed import run_sharded
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
@@ -157,7 +157,7 @@ def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str
         InputError: empty texts, a bad ``loss_fn`` result, no gradient reaching the
             attention, or a call inside ``torch.inference_mode()``.
     """
-    texts = check_texts(texts)
+    texts = check_inputs(texts)  # strings or token ids
     if torch.is_inference_mode_enabled():
         raise InputError("head_importance needs gradients; call it outside "
                          "torch.inference_mode()")
@@ -310,7 +310,7 @@ def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
             a model with several attention stacks (layers would be ambiguous), bad ``steps``
             or a ``metric_fn`` that does not return a finite number.
     """
-    texts = check_texts(texts)
+    texts = check_inputs(texts)  # strings or token ids
     order = _check_order(order)
     counts = curve_points(len(order), steps)
     inputs = model_inputs(model, encode(model, tokenizer, texts))

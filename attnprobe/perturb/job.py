@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture import capture
-from attnprobe.capture.text import encode, model_inputs
+from attnprobe.capture.text import Text, encode, model_inputs
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import Scope
@@ -105,7 +105,7 @@ class Job:
     name: str
     model: nn.Module
     tokenizer: Any
-    texts: tuple[str, ...]
+    texts: tuple[Text, ...]  # strings or token ids
     ids: tuple[int, ...]
     scope: Scope
     reader: Reader
@@ -119,7 +119,7 @@ class Job:
     distributed: bool | None
     sweep: str | None = None  # "head" / "layer": each unit of the scope alone (SWEEPS)
 
-    def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+    def encode(self, texts: Sequence[Text]) -> dict[str, torch.Tensor]:
         batch = encode(self.model, self.tokenizer, texts, truncation=self.truncation,
                        max_length=self.max_length)
         return model_inputs(self.model, batch)

@@ -128,12 +128,29 @@ class Params:
                      else "takes no options of its own")
             raise InputError(f"experiment {experiment!r} {takes} (and the shared ones: "
                              f"{', '.join(SHARED)}); got {', '.join(unknown)}")
-        return cls(**given)
+        params = cls(**given)
+        idle = params.idle()
+        for name in sorted(set(given) & set(idle)):
+            raise InputError(f"experiment {experiment!r}: {name} changes nothing here "
+                             f"({idle[name]}); leave it out")
+        return params
 
-    def footprint(self, batch_size: int) -> Footprint:
-        """What a run needs (see :mod:`attnprobe.perturb.budget`); by default ``batch_size``
-        rows per forward and nothing held."""
-        return Footprint(batch_size)
+    def idle(self) -> dict[str, str]:
+        """Options that have no effect given the others (``{name: why}``), e.g. ``erase``'s
+        ``n_steps`` without an Integrated Gradients ranking: given explicitly, they are an
+        InputError rather than silently ignored. None by default."""
+        return {}
+
+    def target_unread(self) -> str | None:
+        """Why this experiment, with these options, reads no ``target`` (``run()`` then refuses
+        one), or ``None`` when it reads it. By default it measures the whole output."""
+        return "it measures the change of the whole output, not of a target"
+
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
+        """What a run over ``n_texts`` texts of at most ``seq`` tokens needs (see
+        :mod:`attnprobe.perturb.budget`): the rows a forward will really have, by default
+        ``batch_size`` texts (never more than there are), and nothing held."""
+        return Footprint(min(batch_size, n_texts))
 
     def record(self) -> dict[str, Any]:
         """The options as a dict (names lists), for the table's parameter columns."""

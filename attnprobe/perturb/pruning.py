@@ -36,8 +36,11 @@ class ImportanceParams(Params):
     prune_steps: int | None = option(None, "points on the pruning curve; none = one after "
                                            "every head", minimum=1)
 
-    def footprint(self, batch_size: int) -> Footprint:
-        return Footprint(batch_size, grad=True)
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
+        return Footprint(min(batch_size, n_texts), grad=True)
+
+    def target_unread(self) -> str | None:
+        return None  # the loss is -target
 
 
 def _loss_fn(job: Job) -> Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]:

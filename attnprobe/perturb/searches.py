@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -41,13 +41,14 @@ from attnprobe.perturb.readout import Reader, mean_row_max, measure, row_max_sum
 __all__ = ["AdversarialParams", "EraseParams"]
 
 DEFAULT_RANKINGS = ("attention", "integrated_gradients", "random")
+_OWN_ORDERS = ("attention", "random")  # the key orders that are not attribution methods
 
 
 # ----------------------------------------------------------------------------- erasure
 def _check_rankings(rankings: tuple[str, ...]) -> None:
     from attnprobe.attribution.methods import METHODS
 
-    valid = ["attention", "random", *METHODS.names()]
+    valid = [*_OWN_ORDERS, *METHODS.names()]
     for name in rankings:
         if name not in valid:
             raise InputError(one_of("erase ranking", name, valid))
@@ -74,6 +75,31 @@ class EraseParams(Params):
         found = super().record()
         del found["rankings"]  # each row names its own ranking
         return found
+
+    def idle(self) -> dict[str, str]:
+        if any(_takes_steps(name) for name in self.rankings):
+            return {}
+        return {"n_steps": f"no ranking of {', '.join(self.rankings)} takes steps; "
+                           "integrated_gradients does"}
+
+    def target_unread(self) -> str | None:
+        if any(name not in _OWN_ORDERS for name in self.rankings):
+            return None  # an attribution ranking explains the target
+        return (f"the rankings {', '.join(self.rankings)} read none; an attribution ranking "
+                "such as integrated_gradients explains it")
+
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
+        """``batch_size`` erasure steps per forward; a text of ``seq`` tokens has at most
+        ``seq - 1`` steps (every key but one)."""
+        return Footprint(max(1, min(batch_size, seq - 1)))
+
+
+def _takes_steps(ranking: str) -> bool:
+    if ranking in _OWN_ORDERS:
+        return False
+    from attnprobe.attribution.methods import METHODS
+
+    return "n_steps" in {f.name for f in fields(METHODS.get(ranking))}
 
 
 def _attribution_order(job: Job, method: str, i: int, text: str, before: torch.Tensor,
@@ -186,7 +212,7 @@ class AdversarialParams(Params):
     lr: float = option(0.01, "Adam learning rate", minimum=0, strict=True)
     seeded = True  # the adversaries' initial logits
 
-    def footprint(self, batch_size: int) -> Footprint:
+    def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         return Footprint(self.n_adversaries, rows_by="n_adversaries", grad=True)
 
 

@@ -24,8 +24,8 @@ function                    draws (from)
 :func:`head_effects`        mean change per head of a perturbation, layer × head heatmap
                             (``perturb.run`` table)
 :func:`pruning_curve`       output metrics vs heads pruned (``perturb.run`` importance table)
-:func:`generation_attention`  what each generated token attended to, and its share on the
-                            prompt (AttentionMap from ``extract(..., generate=N)``)
+:func:`generation_attention`  what the step that wrote each token attended to, and its share
+                            on the prompt (AttentionMap from ``extract(..., generate=N)``)
 ==========================  ===================================================================
 """
 

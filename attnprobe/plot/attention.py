@@ -59,7 +59,8 @@ def head_weights(attention: AttentionMap | pd.DataFrame, *, example_id: str | No
     """The weights of one example from a map or from its ``to_frame()`` table."""
     if isinstance(attention, AttentionMap):
         return HeadWeights(attention.pattern.numpy(), attention.layers, attention.heads,
-                           attention.query_tokens, attention.key_tokens, attention.example_id)
+                           attention.readable_tokens("query"), attention.readable_tokens("key"),
+                           attention.example_id)
     if isinstance(attention, (list, tuple)):
         raise InputError(f"pass one AttentionMap (e.g. maps[0]), not a {type(attention).__name__}"
                          f" of {len(attention)}")

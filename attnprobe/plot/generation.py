@@ -1,8 +1,12 @@
-"""Attention of generated tokens (:func:`generation_attention`): what each token the model
-wrote looked at, in the prompt and among the tokens it had written before.
+"""Attention of generation steps (:func:`generation_attention`): what the model looked at
+when it wrote each token, in the prompt and among the tokens it had written before.
 
 The input is a map captured during generation (``ap.extract(model, tok, prompt,
-generate=N)``), whose query rows from ``prompt_length`` on are the generated tokens.
+generate=N)``), whose query tokens from ``prompt_length`` on are the generated ones. The step
+that wrote generated token ``g_k`` is the query row *before* it: the last prompt token wrote
+``g_1``, ``g_1``'s row wrote ``g_2``, and so on (the row of the last generated token wrote
+nothing). So the steps are rows ``prompt_length - 1 .. n - 2``, each labelled with the token it
+wrote.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ REDUCERS = {"mean": np.mean, "max": np.max}
 
 def generation_weights(attention: AttentionMap, *, layer: int | None = None,
                        head: int | None = None, reduce: Reduce = "mean") -> np.ndarray:
-    """``[generated, key]`` weights of the generated rows: one head (``layer`` and ``head``),
-    the heads of one layer (``layer`` only) or every captured head, combined by ``reduce``.
+    """``[generated, key]`` weights of the generation steps (module docstring): row ``k`` is
+    the query row that wrote generated token ``k`` (``prompt_length - 1 + k``). One head
+    (``layer`` and ``head``), the heads of one layer (``layer`` only) or every captured head,
+    combined by ``reduce``.
 
     Raises:
         InputError: not a generation map, ``head`` without ``layer``, an unknown head or
@@ -41,7 +47,7 @@ def generation_weights(attention: AttentionMap, *, layer: int | None = None,
         raise InputError(f"reduce must be one of {sorted(REDUCERS)}; got {reduce!r}")
     if head is not None and layer is None:
         raise InputError("head= needs layer= (a head is L<layer>H<head>)")
-    rows = slice(attention.prompt_length, None)
+    rows = slice(attention.prompt_length - 1, len(attention.query_tokens) - 1)
     if head is not None:
         return attention.head(layer, head)[rows].numpy()
     pattern = attention.pattern.numpy()  # [layer, head, query, key]
@@ -62,12 +68,15 @@ def _title(layer: int | None, head: int | None, reduce: str) -> str:
 def generation_attention(attention: AttentionMap, *, layer: int | None = None,
                          head: int | None = None, reduce: Reduce = "mean",
                          cmap: str = "Blues") -> Any:
-    """What every generated token attended to, and how much of it was the prompt.
+    """What the model attended to when it wrote each token, and how much of it was the
+    prompt.
 
-    Left: a heatmap with one row per generated token (in the order written) and one column
-    per key (prompt, then generated tokens), cut by a line where the prompt ends; causal
-    masking leaves the upper right empty. Right: per generated token, the share of its
-    attention on the prompt (a point per token; 1 means it read only the prompt).
+    Left: a heatmap with one row per generation step, labelled with the token that step
+    wrote (in the order written; the step is the query row before that token, module
+    docstring), and one column per key (prompt, then generated tokens), cut by a line where
+    the prompt ends; causal masking leaves the upper right empty (no step saw the last
+    token). Right: per step, the share of its attention on the prompt (1 means it read only
+    the prompt; the first step always does).
 
     Args:
         attention: a map from ``ap.extract(model, tokenizer, prompt, generate=N)``.
@@ -84,12 +93,12 @@ def generation_attention(attention: AttentionMap, *, layer: int | None = None,
     heat, share = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(n_keys, 4), 3]})
     seaborn().heatmap(weights, ax=heat, cmap=cmap, vmin=0.0, vmax=float(weights.max()) or 1.0,
                       cbar_kws={"label": "attention weight"})
-    set_token_ticks(heat, "x", attention.key_tokens, rotate=True, offset=0.5)
-    set_token_ticks(heat, "y", attention.query_tokens[n_prompt:], offset=0.5)
+    set_token_ticks(heat, "x", attention.readable_tokens("key"), rotate=True, offset=0.5)
+    set_token_ticks(heat, "y", attention.readable_tokens()[n_prompt:], offset=0.5)
     heat.tick_params(axis="y", labelrotation=0)
     heat.axvline(n_prompt, color="#d62728", linewidth=1.5, gid="prompt-end")
     heat.set_xlabel(f"key token (prompt: first {n_prompt})")
-    heat.set_ylabel("generated token")
+    heat.set_ylabel("token written at this step")
     heat.set_title(_title(layer, head, reduce))
     mean = weights if reduce == "mean" else generation_weights(attention, layer=layer, head=head)
     on_prompt = mean[:, :n_prompt].sum(-1)  # rows of a mean still sum to 1; of a max, not

@@ -47,7 +47,9 @@ def pack_map(amap: AttentionMap, index: int = 0) -> dict[str, Any]:
         "stack": amap.stack, "kind": amap.kind,
         "layers": list(amap.layers), "heads": list(amap.heads or ()),
         "shape": [int(s) for s in pattern.shape],
-        "query_tokens": list(amap.query_tokens), "key_tokens": list(amap.key_tokens),
+        # tokens as people read them (Ġwooden -> " wooden"); the raw ones stay in the maps
+        "query_tokens": list(amap.readable_tokens("query")),
+        "key_tokens": list(amap.readable_tokens("key")),
         "data": base64.b64encode(np.ascontiguousarray(quantise(pattern)).tobytes()).decode("ascii"),
     }
 

@@ -67,7 +67,7 @@ def model_card(info: ModelInfo | None, maps: Sequence[AttentionMap]) -> Any:
                   ("versions", ", ".join(f"{k} {v}" for k, v in sorted(info.versions.items())))]
     if maps:
         items.append(("inputs", f"{len(maps)} sentence(s)"))
-    inputs = [(m.example_id or "", list(m.query_tokens)) for m in maps]
+    inputs = [(m.example_id or "", list(m.readable_tokens())) for m in maps]
     return render("model_card.html.j2", items=[(k, str(v)) for k, v in items], inputs=inputs)
 
 

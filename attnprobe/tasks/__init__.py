@@ -1,7 +1,14 @@
 """Synthetic tasks with known ground truth (copy, reverse, sort, ...), their metrics, and the
 copy tasks of the causal models (induction segments, needles in long contexts)."""
 
-from attnprobe.tasks.induction import CopyStep, copy_scores, copy_steps, held_out, prefix_text
+from attnprobe.tasks.induction import (
+    CopyStep,
+    copy_scores,
+    copy_steps,
+    copy_task,
+    held_out,
+    prefix_text,
+)
 from attnprobe.tasks.metrics import (
     alignment_accuracy,
     alignment_error_rate,
@@ -15,5 +22,5 @@ from attnprobe.tasks.synthetic import BOS, EOS, PAD, TASKS, TaskBatch, lexicon, 
 
 __all__ = ["BOS", "EOS", "PAD", "TASKS", "CopyStep", "Needles", "TaskBatch",
            "alignment_accuracy", "alignment_error_rate", "attention_aer", "copy_scores",
-           "copy_steps", "corpus_bleu", "gold_mass", "greedy_continuation", "held_out",
+           "copy_steps", "copy_task", "corpus_bleu", "gold_mass", "greedy_continuation", "held_out",
            "lexicon", "make_batch", "needle_task", "prefix_text", "sequence_accuracy"]

@@ -12,6 +12,8 @@ circuit needs:
 - :func:`copy_scores`: next-token accuracy and loss on the second copy next to the first
   copy's matching positions, for whatever forward the model runs (e.g. inside
   :func:`attnprobe.perturb.perturbed`);
+- :func:`copy_task`: the same second-copy positions as a copy task, for
+  :func:`attnprobe.heads.retrieval_scores` and :func:`attnprobe.heads.copy_accuracy`;
 - :func:`copy_steps`: second-copy positions ``i`` with the position ``source`` of the same
   token in the first copy, so the token to predict sits at ``source + 1`` — the ground truth
   of an attribution.
@@ -30,8 +32,8 @@ from attnprobe.errors import InputError
 from attnprobe.models.induction import Recipe, Segments, induction_tokenizer, repeated_segments
 from attnprobe.models.tokenizer import WordTokenizer
 
-__all__ = ["HELD_OUT_SEED", "CopyStep", "copy_scores", "copy_steps", "held_out", "prefix_text",
-           "segment_texts"]
+__all__ = ["HELD_OUT_SEED", "CopyStep", "SecondCopies", "copy_scores", "copy_steps", "copy_task",
+           "held_out", "prefix_text", "segment_texts"]
 
 HELD_OUT_SEED = 1000  # training draws its data from recipe.seed + 1 (1 for the default recipe)
 HALVES = ("first", "second")
@@ -130,13 +132,52 @@ def _logits(output: Any) -> torch.Tensor:
     return logits
 
 
+@dataclass(frozen=True)
+class SecondCopies:
+    """The second-copy positions of :class:`Segments` as a copy task (the fields of
+    :class:`attnprobe.heads.copy_steps.CopyTask`, each ``[example, seq]``): ``target`` is the
+    next token at every position :func:`copy_scores` scores as ``second``, -1 elsewhere;
+    ``source`` marks the first copy's span it is read from."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target: torch.Tensor
+    source: torch.Tensor
+
+
+def copy_task(segments: Segments) -> SecondCopies:
+    """``segments`` as a copy task on exactly the positions :func:`copy_scores` scores as
+    ``second``, so ``ap.heads.copy_accuracy(model, tok, copy_task(segments))`` pooled over
+    examples (``correct.sum() / copy_steps.sum()``) is ``copy_scores``' second-copy accuracy.
+    """
+    ids = segments.input_ids
+    steps = segments.second_half.clone()
+    steps[:, -1] = False  # the last position has no next token to score
+    target = torch.full_like(ids, -1)
+    target[:, :-1] = torch.where(steps[:, :-1], ids[:, 1:], -1)
+    source = torch.zeros_like(steps)
+    rows, cols = steps.nonzero(as_tuple=True)
+    source[rows, segments.source[rows, cols] + 1] = True  # the token after the earlier copy
+    return SecondCopies(ids, torch.ones_like(ids), target, source)
+
+
 def copy_scores(model: nn.Module, segments: Segments, *, batch_size: int = 64) -> pd.DataFrame:
     """Next-token accuracy and loss on the second copy and on the first copy's matching
     positions, as the model runs now (so an ablation context around the call is measured).
 
     Position ``i`` predicts ``input_ids[:, i + 1]`` from the logits at ``i`` ``[batch, seq,
-    vocab]``; ``second`` scores the positions of :attr:`Segments.second_half`, ``first`` those
-    of :attr:`Segments.first_half` (the same tokens, before any copy exists).
+    vocab]`` (teacher forcing, greedy argmax); ``second`` scores the positions of
+    :attr:`Segments.second_half` — every position of the second copy but its last, from the
+    copy's first token on — and ``first`` those of :attr:`Segments.first_half` (the same
+    tokens, before any copy exists). Accuracy is pooled over all positions.
+
+    This is not :func:`attnprobe.heads.copy_accuracy` on :func:`segment_texts`: that finds
+    copy steps in texts by a match of ``min_match`` (4) tokens, so it skips the first three
+    positions of each second copy (unless the tokens before it repeat by chance), among them
+    the copy's first token — the hardest position, where the model has only that one token
+    to match and the random prefix often holds it more than once — and it gives one accuracy
+    per example (their plain mean weighs short copies up). On :func:`copy_task` it scores
+    exactly these positions, with the same argmax (both teacher-forced).
 
     Returns:
         Two rows, ``half`` ``first`` / ``second``: ``accuracy`` (share of argmax = next

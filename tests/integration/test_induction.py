@@ -20,11 +20,14 @@ from torch import nn
 
 import attnprobe as ap
 from attnprobe.errors import InputError
-from attnprobe.models.induction import Segments
+from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.heads.scores import wide_scores
+from attnprobe.models.induction import Recipe, Segments
 from attnprobe.tasks.induction import (
     CopyStep,
     copy_scores,
     copy_steps,
+    copy_task,
     held_out,
     prefix_text,
     segment_texts,
@@ -33,6 +36,7 @@ from tests.conftest import track
 
 N_SEQUENCES = 48  # about 640 second-copy positions
 N_EXPLAINED = 24  # copy steps explained by attribution
+N_STORED = 16  # sequences for the stored-maps labels and the copy-accuracy check
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +51,14 @@ def segments(trained):
 
 
 @pytest.fixture(scope="module")
-def labels(trained, segments):
+def census(trained, segments):
     model, tok = trained
-    return ap.heads.census(model, tok, segment_texts(segments, tok),
-                           similarity=False).classify()
+    return ap.heads.census(model, tok, segment_texts(segments, tok), similarity=False)
+
+
+@pytest.fixture(scope="module")
+def labels(census):
+    return census.classify()
 
 
 def _scores(model, segments) -> dict[str, tuple[float, float]]:
@@ -184,6 +192,78 @@ def test_census_labels_previous_then_induction(trained, segments, labels):
     for head in previous:
         prev = [float(amap.pattern[head[0], head[1]].diagonal(-1).mean()) for amap in maps]
         assert sum(prev) / len(prev) > 0.5
+
+
+def _copy_rows(segments: Segments) -> int:
+    """Query rows holding an earlier copy of their token whose successor is no previous
+    token: ``ids[j] == ids[q]`` for some ``1 <= j <= q - 3`` (the induction target ``j + 1``
+    at offset -2 or further; [BOS] is no copy)."""
+    rows = 0
+    for ids in segments.input_ids.tolist():
+        rows += sum(any(ids[j] == ids[q] for j in range(1, q - 2)) for q in range(1, len(ids)))
+    return rows
+
+
+def test_stored_maps_label_the_induction_heads_from_their_own_copies(trained, segments,
+                                                                       labels):
+    """Issue 17 item 4: without the probe (stored maps, ``repeated=False``) the copying rules
+    read the data's own induction mass over its rows that hold a copy; the four layer-1
+    heads are ``induction`` and the evidence names the corpus."""
+    model, tok = trained
+    segments = Segments(segments.input_ids[:N_STORED], segments.source[:N_STORED])
+    texts = segment_texts(segments, tok)
+    stored = ap.heads.classify(ap.extract(model, tok, texts))
+    streamed = ap.heads.census(model, tok, texts, repeated=False, similarity=False).classify()
+    assert list(stored["label"]) == list(streamed["label"])
+    assert list(stored["evidence"]) == list(streamed["evidence"])
+    rows = _copy_rows(segments)
+    layer_1 = stored[stored["layer"] == 1]
+    assert len(layer_1) == 4 and (layer_1["label"] == "induction").all(), layer_1["evidence"]
+    for _, row in layer_1.iterrows():
+        assert row["induction_rows"] == rows
+        assert row["evidence"] == (f"induction={row['induction']:.3g} > 0.4 over {rows} rows")
+    # the same heads as the probe finds, and nothing else is copying
+    probed = labels.set_index("head_id")["label"]
+    assert set(stored.loc[stored["label"] == "induction", "head_id"]) == \
+        set(probed[probed == "induction"].index)
+    assert (stored.loc[stored["layer"] == 0, "family"] != "copying").all()
+
+
+def test_the_default_probe_fits_the_trained_length(trained, census, labels):
+    """ref:induction was trained on 48-token sequences: the default probe stays inside them
+    (23 tokens per copy after [BOS]) and the induction heads score as trained; a longer
+    explicit length warns, naming the limit."""
+    model, tok = trained
+    assert model.trained_length == Recipe().seq_len
+    assert census.probe_length == (Recipe().seq_len - 1) // 2
+    induction = labels[labels["label"] == "induction"]
+    assert len(induction) == 4 and (induction["rep_induction"] >= 0.9).all(), induction
+    with pytest.warns(UserWarning, match=f"more than the {Recipe().seq_len} the model was "
+                                         "trained on") as caught:
+        long = wide_scores(repeated_token_scores(model, tok, length=32))
+    assert len(caught) == 1
+    past = long.set_index("head_id").loc[induction["head_id"], "rep_induction"]
+    assert (past < induction.set_index("head_id")["rep_induction"]).all()  # why it warns
+
+
+def test_copy_accuracy_on_the_copy_task_is_copy_scores(trained, segments):
+    """``copy_accuracy`` on :func:`copy_task` scores the positions ``copy_scores`` scores as
+    ``second``, with the same argmax: pooled, the two are equal. On the texts, it finds copy
+    steps by a 4-token match, so it leaves out the first three positions of each copy."""
+    model, tok = trained
+    segments = Segments(segments.input_ids[:N_STORED], segments.source[:N_STORED])
+    second = copy_scores(model, segments).set_index("half").loc["second"]
+    task = ap.heads.copy_accuracy(model, tok, copy_task(segments))
+    assert int(task["copy_steps"].sum()) == int(second["positions"])
+    assert int(task["correct"].sum()) / int(task["copy_steps"].sum()) == second["accuracy"]
+    firsts = 0
+    for ids, second_half in zip(segments.input_ids.tolist(), segments.second_half,
+                                strict=True):
+        scored = second_half.nonzero()[:, 0].tolist()  # the copy but its last token
+        target, _ = ap.heads.find_copy_steps(ids, min_match=4)
+        assert all(target[i] >= 0 for i in scored[3:])  # 4 tokens of the copy match
+        firsts += target[scored[0]] >= 0  # only if 3 random tokens before it match too
+    assert firsts == 0
 
 
 # ----------------------------------------------------------------------------- the ablation

@@ -182,3 +182,26 @@ def test_notebook_fragments_share_one_page(browser, tmp_path):
     assert views[1].find_element("css selector", ".ap-current").text == "layer 0, head 1 (L0H1)"
     assert views[0].find_element("css selector", ".ap-current").text == "layer 0, head 0 (L0H0)"
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_a_huge_token_does_not_widen_the_report_or_the_notebook_view(browser, tmp_path):
+    """Issue 17: a 10,000-character token made the notebook view 144,736 px wide. Shown cut
+    (ending in "…", whole in its tooltip), the page is no wider than the window."""
+    from tests.unit.report.test_long_tokens import LONG, TOKEN_CHARS, long_map
+
+    amap = long_map()
+    report = ap.report.build(maps=[amap]).save(tmp_path / "long.html")
+    notebook = tmp_path / "long_notebook.html"
+    notebook.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+                        + amap._repr_html_() + "</body></html>", encoding="utf-8")
+    for page in (report, notebook):
+        browser.get(page.as_uri())
+        window = browser.execute_script("return window.innerWidth")
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= window
+        cells = browser.find_elements("css selector", ".ap-view .tok")
+        assert len(cells) == 2 * len(amap.query_tokens)  # query and key columns
+        long_cells = [c for c in cells if c.get_attribute("title") == LONG]
+        assert len(long_cells) == 2
+        assert all(c.text == "Q" * (TOKEN_CHARS - 1) + "…" for c in long_cells)
+        assert all(len(c.text) <= TOKEN_CHARS for c in cells)
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -1,13 +1,17 @@
 """The attnprobe command, run in-process (main) and once as a real subprocess."""
 
+import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import attnprobe
 from attnprobe import load_maps
 from attnprobe.cli import main
 from tests.helpers import bert_tokenizer, bert_vocab, run_cli, tiny_bert
@@ -71,6 +75,67 @@ def test_console_script_exit_code():
     bad = subprocess.run([sys.executable, "-m", "attnprobe.cli", "extract", "--model",
                           "ref:encoder", "--text", ""], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+# Start-up held at one import (the time torch takes to load, made as long as the test needs):
+# a sitecustomize on PYTHONPATH runs before the command, as in a terminal.
+SLOW_START = """
+import os, signal, sys, time
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's `&` would ignore Ctrl-C
+
+
+class HoldImport:
+    def find_spec(self, name, path=None, target=None):
+        marker = os.environ["HOLD_MARKER"]
+        if name == os.environ["HOLD_IMPORT"] and not os.path.exists(marker):
+            open(marker, "w").close()  # the test sends Ctrl-C now
+            time.sleep(120)
+        return None
+
+
+sys.meta_path.insert(0, HoldImport())
+"""
+
+
+@pytest.mark.parametrize(("command", "held"), [
+    ("script", "torch"),  # while `import attnprobe` loads torch
+    ("module", "attnprobe.commands.census"),  # while the command modules load
+])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(command, held, tmp_path):
+    # a traceback through the imports and exit -2 (killed by SIGINT) before
+    script = Path(sys.executable).with_name("attnprobe")
+    if command == "script" and not script.exists():
+        pytest.skip("the attnprobe console script is not installed next to this python")
+    argv = [str(script)] if command == "script" else [sys.executable, "-m", "attnprobe.cli"]
+    (tmp_path / "sitecustomize.py").write_text(SLOW_START)
+    repo = Path(attnprobe.__file__).resolve().parents[1]
+    marker = tmp_path / "held"
+    env = {**os.environ, "HOLD_IMPORT": held, "HOLD_MARKER": str(marker),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo),
+                                          os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([*argv, "models"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # at most 2 minutes for the interpreter to reach that import
+            if marker.exists() or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()[1]
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert err == "attnprobe: interrupted\n" and out == ""
+
+
+def test_importing_attnprobe_in_a_script_leaves_ctrl_c_to_python():
+    code = ("import signal, attnprobe, attnprobe.cli; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)
+    assert found.stdout.strip() == "True"
 
 
 @pytest.mark.parametrize("argv", [

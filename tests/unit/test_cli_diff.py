@@ -32,7 +32,8 @@ def models(tmp_path_factory):
     vocab = bert_vocab(WORDS)
     return {"a": save_bert(root / "a", vocab), "b": save_bert(root / "b", vocab, seed=1),
             "deep": save_bert(root / "deep", vocab, num_hidden_layers=3),
-            "vocab": save_bert(root / "vocab", bert_vocab(WORDS + " extra"))}
+            "vocab": save_bert(root / "vocab", bert_vocab(WORDS + " extra")),
+            "causal": save_bert(root / "causal", vocab, is_decoder=True)}  # same shape
 
 
 @pytest.fixture
@@ -78,6 +79,10 @@ def test_a_checkpoint_with_itself_changes_nothing(models, texts, tmp_path, capsy
 @pytest.mark.parametrize("other, message", [
     ("deep", "the models differ in shape: 2 layers x 2 heads vs 3 x 2"),
     ("vocab", "vocabularies differ (55 vs 56 token embeddings)"),
+    # issue 17: a bidirectional and a causal model of the same shape were diffed head by head
+    pytest.param("causal", "the models' attention differs in kind: model A (BertModel) is "
+                           "bidirectional, model B (BertModel) is causal",
+                 marks=pytest.mark.filterwarnings("ignore::UserWarning")),  # BERT's tokenizer
 ])
 def test_pairs_that_cannot_be_compared_exit_2_in_one_line(models, texts, other, message,
                                                           tmp_path, capsys):

@@ -138,6 +138,15 @@ def test_default_model_minilm_uniform_on_one_layer(tmp_path, capsys):
     (["--experiment", "permute", "--sweep", "head"], "'permute' does not sweep"),
     (["--experiment", "ablate", "--sweep", "heads"], "invalid choice: 'heads'"),
     (["--experiment", "uniform", "--out", "x.txt"], "--out must end in"),
+    # flags that would change nothing (issue 17: --target was ignored by uniform)
+    (["--experiment", "uniform", "--target", "class:0"],
+     "perturb uniform does not read target 'class:0': it measures the change of the whole "
+     "output"),
+    (["--experiment", "permute", "--target", "class:1"], "perturb permute does not read target"),
+    (["--experiment", "erase", "--rankings", "attention,random", "--target", "class:0"],
+     "the rankings attention, random read none"),
+    (["--experiment", "erase", "--rankings", "attention", "--n-steps", "5"],
+     "n_steps changes nothing here"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     argv = ["perturb", *CLASSIFIER, "--text", "the cat sat", "--quiet", "--out",
@@ -237,3 +246,27 @@ def test_a_forward_beyond_the_budget_says_which_batch_size_fits(tmp_path, capsys
     # the default batching (16 rows) keeps the forward within this budget
     code, _, err = run(argv, capsys)
     assert code == 0, err
+
+
+# ----------------------------------------------------------------------------- issue 17
+def test_a_huge_batch_size_on_one_short_text_is_one_row(tmp_path, capsys):
+    # `--batch-size 200000` on "The cat sat." was refused as a forward of 200000 rows
+    out = tmp_path / "u.csv"
+    code, _, err = run(["perturb", *CLASSIFIER, "--text", "the cat sat", "--experiment",
+                        "uniform", "--batch-size", str(10**8), "--quiet", "--out", str(out)],
+                       capsys)
+    assert code == 0, err
+    assert set(pd.read_csv(out)["example_id"]) == {0}
+
+
+@pytest.mark.parametrize(("experiment", "flag"), [("permute", "--permutations"),
+                                                  ("dirichlet", "--draws")])
+def test_draws_show_a_bar_over_every_draw_with_the_time_left(experiment, flag, tmp_path,
+                                                             capsys):
+    # `--permutations 100000000` ran for days with a bar over texts that never moved
+    code, _, err = run(["perturb", "--model", "ref:bilstm-classifier", *TEXTS, "--experiment",
+                        experiment, flag, "30", "--batch-size", "8", "--out",
+                        str(tmp_path / "p.csv")], capsys)
+    assert code == 0, err
+    assert f"perturb {experiment}" in err and "60/60" in err and "draw" in err
+    assert "<00:00" in err  # the time left, once the last draw is done

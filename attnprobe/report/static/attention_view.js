@@ -12,7 +12,10 @@
    panel in .ap-details (the .ap-detail whose data-layer/data-head match, pre-rendered and
    escaped by the page) and its name in .ap-current.
    Text is set with textContent, never parsed as HTML, and bidirectional control characters
-   are shown as U+202E the way attnprobe/report/text.py shows them in the rest of the page. */
+   are shown as U+202E the way attnprobe/report/text.py shows them in the rest of the page.
+   A token longer than the frame's data-token-chars is shown cut, ending in an ellipsis, and
+   whole in its tooltip (as templates/tokens.j2 does), so one huge token cannot widen the
+   page. */
 (function(){
   "use strict";
   if(!window.attnprobeViews)window.attnprobeViews=(function(){
@@ -22,13 +25,16 @@
     function opt(sel,items){sel.textContent="";items.forEach(function(it){
       var o=document.createElement("option");o.value=it[0];o.textContent=show(it[1]);
       sel.appendChild(o);});}
+    function clip(t,n){var c=Array.from(String(t));
+      return c.length>n?c.slice(0,n-1).join("")+"\u2026":String(t);}
     function generated(m){return m.prompt_length===null||m.prompt_length===undefined?0:
       m.query_tokens.length-m.prompt_length;}
     function mount(root){
       if(root.getAttribute("data-ap-mounted"))return;
       var el=document.getElementById(root.getAttribute("data-maps"));if(!el)return;
       root.setAttribute("data-ap-mounted","1");
-      var maps=JSON.parse(el.textContent),cache={};
+      var maps=JSON.parse(el.textContent),cache={},
+          chars=+root.getAttribute("data-token-chars")||32;
       function q(s){return root.querySelector(s);}
       var sSel=q(".sel-sentence"),lSel=q(".sel-layer"),hSel=q(".sel-head"),left=q(".left"),
           right=q(".right"),svg=q("svg.lines"),model=q(".ap-model"),current=q(".ap-current");
@@ -56,11 +62,12 @@
         var off=((+lSel.value)*m.shape[1]+(+hSel.value))*Q*K;
         return {a:bytes(i),off:off,Q:Q,K:K,m:m};}
       function col(parent,toks,side,m){parent.textContent="";toks.forEach(function(t,i){
-        var d=document.createElement("div");d.className="tok";d.textContent=show(t);
-        d.dataset.i=i;
+        var d=document.createElement("div");d.className="tok";d.textContent=show(clip(t,chars));
+        d.dataset.i=i;var tip=clip(t,chars)===String(t)?"":show(t);
         if(isGen(m,i)&&(side==="q"||m.kind==="self")){d.classList.add("gen");
           d.style.fontStyle="italic";d.style.textDecoration="underline dotted";
-          d.title="generated";}
+          tip=tip?tip+" (generated)":"generated";}
+        if(tip)d.title=tip;
         d.addEventListener("mouseenter",function(){draw(side,i);});
         d.addEventListener("mouseleave",function(){draw(null,-1);});
         parent.appendChild(d);});}

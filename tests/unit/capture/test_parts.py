@@ -26,11 +26,11 @@ from tests.unit.capture.tiny import batch, eager_attentions, eager_maps, hidden,
 
 EVERY = set(SEAMS)
 SERVED = {Keep: EVERY, Reduce: EVERY, Edit: EVERY, Live: EVERY,
-          EditOutput: {"hf"}, Values: {"hf"}, Scores: {"hook_points", "paths"}}
+          EditOutput: {"hf"}, Values: {"hf"}, Scores: {"modules", "hook_points", "paths"}}
 
 
 def test_every_part_declares_its_seams():
-    assert set(SEAMS) == {"hf", "hook_points", "paths"}
+    assert set(SEAMS) == {"hf", "modules", "hook_points", "paths"}
     for part, seams in SERVED.items():
         assert issubclass(part, Part)
         assert set(part.seams) == seams, part.__name__
@@ -81,7 +81,7 @@ def test_hf_only_parts_are_refused_on_hook_points_before_any_forward(ref, kwargs
 
 def test_scores_are_refused_on_an_hf_model_before_any_forward():
     model = build("bert")
-    _refused(model, batch("bert"), r"scores works through hook points .* or module paths.*"
+    _refused(model, batch("bert"), r"scores works through .*hook points .* or module paths.*"
                                    r"through transformers' attention interface", scores=True)
     assert implementations(model) == {"sdpa"} and registrations() == set()
 

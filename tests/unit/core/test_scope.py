@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from attnprobe.core.scope import Scope
+from attnprobe.core.scope import MAX_INDICES, MAX_TERMS, Scope
 from attnprobe.errors import InputError
 
 N_LAYERS, N_HEADS = 4, 3
@@ -117,3 +117,54 @@ def test_validation_against_a_model_size():
     assert Scope.parse("layer:9").validate(0, 0)  # sizes unknown: nothing to check
     with pytest.raises(InputError, match="head 5 out of range at layer 1"):
         Scope.parse("head:1.5").heads_of(1, N_HEADS)
+
+
+# ----------------------------------------------------------------------------- absurd sizes
+@pytest.mark.parametrize("text", ["layer:" + "9" * 5000, "head:1." + "7" * 5000,
+                                  "layers:0-" + "9" * 5000, "L" + "3" * 4400 + "H1",
+                                  "heads:" + "1.x" * 2000])
+def test_huge_numbers_are_a_short_one_line_input_error(text):
+    # "layer:" + 5000 nines raised int()'s own ValueError (the digit limit), not InputError
+    with pytest.raises(InputError) as info:
+        Scope.parse(text)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300 and message.startswith("scope '")
+
+
+def test_huge_values_given_as_numbers_are_named_not_printed():
+    with pytest.raises(InputError, match="non-negative integers; got a large negative number"):
+        Scope(layers=[-10**5000])
+    with pytest.raises(InputError, match=r"got '\[\[\[\[\["):
+        Scope(heads=[[[[[[0]]]]] * 100])
+    with pytest.raises(InputError, match="more than 9 digits is too large"):
+        Scope(layers=[10**5000])
+    assert str(Scope(layers=[10**9 - 1])) == "layer:999999999"  # validate() sizes it later
+
+
+def test_ten_digit_indices_are_refused_and_nine_digit_ones_are_left_to_validation():
+    with pytest.raises(InputError, match="index '1234567890' is too large"):
+        Scope.parse("layer:1234567890")
+    big = Scope.parse("layer:123456789")  # a plain number: validate() says it is out of range
+    with pytest.raises(InputError, match="out of range"):
+        big.validate(N_LAYERS, N_HEADS)
+
+
+@pytest.mark.parametrize("kw", [{"layers": range(10**12)}, {"heads": range(10**5)},
+                                {"layers": iter(range(10**12))}])
+def test_more_layers_or_heads_than_any_model_has_are_refused_without_materialising(kw):
+    # range(10**7) took 85 s and 2 GB (a tuple, a set and a product of terms); a range is
+    # read no further than MAX_INDICES + 1 items, so an endless iterator is refused too
+    with pytest.raises(InputError, match=f"more than {MAX_INDICES} given"):
+        Scope(**kw)
+
+
+def test_a_grid_of_named_heads_is_bounded_but_whole_layers_stay_one_term():
+    assert len(Scope(layers=range(MAX_INDICES)).terms) == MAX_INDICES  # the most layers
+    assert len(Scope(layers=range(126), heads=range(128)).terms) == 126 * 128  # a real grid
+    with pytest.raises(InputError, match=f"more than {MAX_TERMS} heads named one by one"):
+        Scope(layers=range(MAX_INDICES), heads=range(MAX_INDICES))
+    with pytest.raises(InputError, match=f"more than {MAX_TERMS} heads"):
+        Scope(terms=((layer, 0) for layer in range(10**12)))
+    with pytest.raises(InputError, match=f"names more than {MAX_INDICES} layers"):
+        Scope.parse("layers:" + ",".join(["0-4000"] * 100))
+    assert len(Scope.parse("*.5").terms) == 1 and Scope.parse("*.5").contains(10**9, 5)

@@ -132,6 +132,55 @@ def test_block_map_on_a_sentence_pair():
     assert row["block"] < 0.6
 
 
+def copying_map(first, second):
+    """``[CLS] first second`` (words distinct within each part): a row whose token occurs
+    earlier at ``j``, with the token after that copy at least two keys back (``j + 1 <= q -
+    2``; offset -1 is the previous token, not induction), puts all its mass on ``j + 1``;
+    every other row is uniform. Returns the map and how many rows copy."""
+    tokens = ["[CLS]", *first, *second]
+    n = len(tokens)
+    a = torch.full((n, n), 1 / n)
+    rows = 0
+    for q in range(1, n):
+        earlier = [j for j in range(1, q - 2) if tokens[j] == tokens[q]]
+        if earlier:
+            a[q] = 0.0
+            a[q, earlier[0] + 1] = 1.0
+            rows += 1
+    return amap(a, tokens), rows
+
+
+def shuffled(words, seed=0):
+    order = torch.randperm(len(words), generator=torch.Generator().manual_seed(seed))
+    return [words[i] for i in order.tolist()]
+
+
+def test_stored_maps_whose_rows_copy_are_induction_on_the_corpus_evidence():
+    """No probe: the label reads the map's own induction mass (all of it, by construction)
+    over the rows that hold an earlier copy."""
+    words = [f"w{i}" for i in range(24)]
+    amap_, rows = copying_map(words, shuffled(words))
+    assert rows >= 20  # min_copy_rows
+    row = ap.heads.classify([amap_]).iloc[0]
+    assert row["induction"] == pytest.approx(1.0) and row["induction_rows"] == rows
+    assert row["duplicate"] == 0.0 and row["duplicate_rows"] == 24
+    assert row["label"] == "induction", row["evidence"]
+    assert row["evidence"] == f"induction=1 > 0.4 over {rows} rows"
+
+
+def test_too_few_rows_with_a_copy_are_no_induction_and_the_evidence_says_why():
+    words = [f"w{i}" for i in range(24)]
+    amap_, rows = copying_map(words, shuffled(words[:4], seed=1))
+    assert 0 < rows < 20
+    row = ap.heads.classify([amap_]).iloc[0]
+    assert row["induction"] == pytest.approx(1.0) and row["induction_rows"] == rows
+    assert row["label"] != "induction" and "induction" not in row["also"].split(", ")
+    assert row["evidence"].endswith(f"; not induction: induction=1 > 0.4 over {rows} rows, "
+                                    "fewer than min_copy_rows=20")
+    loose = ap.heads.classify([amap_], thresholds=ap.heads.Thresholds(min_copy_rows=rows))
+    assert loose.iloc[0]["label"] == "induction"
+
+
 def test_causal_uniform_rows_are_normalised_by_visible_keys():
     # long enough that chance mass on the first token and the diagonal stays under 0.3
     n = 40

@@ -529,6 +529,7 @@ def test_a_rule_that_would_be_ambiguous_is_refused(entry, message):
     ({"family": ""}, "family must be a lower-case name"),
     ({"family": "Local Heads"}, "family must be a lower-case name"),
     ({"family": None}, "family must be a lower-case name"),
+    ({"held_back": "too few rows"}, "held_back must be callable"),
 ])
 def test_a_malformed_rule_is_refused(fields, message):
     with pytest.raises(InputError, match=message):
@@ -547,3 +548,72 @@ def test_register_needs_a_label_rule_of_that_name():
     with pytest.raises(InputError, match="LabelRule labelled 'tilted'"):
         RULES.register("tilted")(LabelRule("other", tilted, rank=25, family="local"))
     assert "tilted" not in RULES and "other" not in RULES
+
+
+# ---- copying rules: the probe, else the corpus' own evidence over enough rows ---------------
+
+@pytest.mark.parametrize(("label", "scores", "evidence"), [
+    ("induction", {"induction": 0.62, "induction_rows": 412},
+     "induction=0.62 > 0.4 over 412 rows"),
+    ("induction", {"induction": 0.3, "induction_rows": 412, "induction_ahead": 0.5,
+                   "induction_ahead_rows": 20}, "induction_ahead=0.5 > 0.4 over 20 rows"),
+    ("duplicate", {"duplicate": 0.7, "duplicate_rows": 25}, "duplicate=0.7 > 0.4 over 25 rows"),
+    ("duplicate", {"duplicate": 0.7, "duplicate_rows": 25, "duplicate_ahead": 0.9,
+                   "duplicate_ahead_rows": 3},
+     "duplicate=0.7 > 0.4 over 25 rows"),  # the larger ahead score has too few rows
+])
+def test_without_the_probe_the_corpus_evidence_decides(label, scores, evidence):
+    row = classify_one(**scores)
+    assert (row["label"], row["family"]) == (label, "copying")
+    assert row["evidence"].split("; ")[0] == evidence
+
+
+def test_the_probe_decides_when_the_table_has_it():
+    """The probe is the controlled experiment: when present it overrides the corpus, both
+    ways, and the evidence names it."""
+    corpus = {"induction": 0.9, "induction_rows": 500}
+    assert classify_one(rep_induction=0.1, **corpus)["label"] == "heterogeneous"
+    assert classify_one(rep_induction=0.1, **corpus)["evidence"] == "no rule fired"
+    row = classify_one(rep_induction=0.7, induction=0.1, induction_rows=500)
+    assert (row["label"], row["evidence"]) == ("induction", "rep_induction=0.7 > 0.4")
+    # a NaN probe is no probe: the corpus decides
+    row = classify_one(rep_induction=NAN, rep_induction_ahead=NAN, **corpus)
+    assert row["evidence"] == "induction=0.9 > 0.4 over 500 rows"
+
+
+def test_too_few_rows_with_a_copy_is_not_induction_and_the_evidence_says_why():
+    row = classify_one(induction=0.93, induction_rows=5)
+    assert row["label"] == "heterogeneous"
+    assert row["evidence"] == ("no rule fired; not induction: induction=0.93 > 0.4 over 5 rows, "
+                               "fewer than min_copy_rows=20")
+    # the note follows another label the head gets instead ...
+    row = classify_one(induction=0.93, induction_rows=5, duplicate=0.6, duplicate_rows=30)
+    assert row["label"] == "duplicate"
+    assert row["evidence"] == ("duplicate=0.6 > 0.4 over 30 rows; not induction: "
+                               "induction=0.93 > 0.4 over 5 rows, fewer than min_copy_rows=20")
+    # ... but not a label that outranks induction anyway
+    row = classify_one(induction=0.93, induction_rows=5, prev_nosink=0.8)
+    assert (row["label"], row["evidence"]) == ("previous", "prev_nosink=0.8 > 0.5")
+    # a table without the row counts cannot trust the score
+    row = classify_one(duplicate=0.8)
+    assert row["label"] == "heterogeneous"
+    assert row["evidence"].endswith("not duplicate: duplicate=0.8 > 0.4 on an unknown number "
+                                    "of rows (no duplicate_rows column)")
+
+
+def test_min_copy_rows_is_a_threshold():
+    scores = {"induction": 0.6, "induction_rows": 12}
+    assert classify_one(**scores)["label"] == "heterogeneous"
+    assert classify_one(Thresholds(min_copy_rows=10), **scores)["label"] == "induction"
+    assert classify_one(Thresholds(min_copy_rows=12), **scores)["label"] == "induction"
+    assert classify_one(Thresholds(min_copy_rows=13), **scores)["label"] == "heterogeneous"
+
+
+def test_a_head_that_is_all_sink_gets_no_copying_label_from_the_corpus():
+    """The corpus scores are renormalised over content keys: the last 2 % of a sink head is
+    not what it does (``min_rest``)."""
+    row = classify_one(sink=0.98, first=0.98, induction=0.9, induction_rows=100)
+    assert (row["label"], row["also"], row["evidence"]) == ("sink", "", "sink=0.98 > 0.6, "
+                                                            "first=0.98")
+    row = classify_one(sink=0.9, first=0.9, induction=0.9, induction_rows=100)
+    assert (row["label"], row["also"]) == ("induction", "sink")

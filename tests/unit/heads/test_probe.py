@@ -9,6 +9,8 @@ templates are written out per family, not read from the code under test.
 from __future__ import annotations
 
 import string
+import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +22,9 @@ from attnprobe.errors import InputError
 from attnprobe.heads import census
 from attnprobe.heads.probe import (
     DEFAULT_PROBE_LENGTH,
+    ProbeLimits,
     probe_length,
+    probe_limits,
     probe_vocabulary,
     repeated_tokens,
 )
@@ -151,6 +155,57 @@ def test_census_takes_the_probe_length_and_checks_it_before_any_forward():
     with pytest.raises(InputError, match="probe_length needs the repeated-token probe"):
         census(model, tok, texts, repeated=False, probe_length=4)
     assert census(model, tok, texts, repeated=False, similarity=False).probe_length is None
+
+
+# ---- the trained context ------------------------------------------------------------------
+
+def test_the_default_fits_the_trained_context_and_a_longer_length_warns():
+    tok = word()  # [BOS] x x: one special token
+    assert probe_length(tok, max_length=2048, trained_length=48) == (48 - 1) // 2
+    assert probe_length(tok, max_length=2048, trained_length=500) == DEFAULT_PROBE_LENGTH
+    assert probe_length(tok, max_length=30, trained_length=48) == (30 - 1) // 2  # positions
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # within the trained context: no warning
+        assert probe_length(tok, 23, max_length=2048, trained_length=48) == 23
+    with pytest.warns(UserWarning) as caught:
+        assert probe_length(tok, 32, max_length=2048, trained_length=48) == 32
+    (message,) = [str(w.message) for w in caught]
+    assert message == ("probe length 32 builds 65 tokens, more than the 48 the model was "
+                       "trained on: its heads may not behave as trained there; a length of at "
+                       "most 23 fits")
+    with pytest.raises(InputError, match="the model takes at most 60"):  # positions: an error
+        probe_length(tok, 32, max_length=60, trained_length=48)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, positions=None, trained=None, on_config=False):
+        super().__init__()
+        self.config = SimpleNamespace(max_position_embeddings=positions)
+        if trained is not None:
+            (self.config if on_config else self).trained_length = trained
+
+
+def test_the_limits_come_from_the_model_and_its_tokenizer():
+    tok = word()  # model_max_length 64 (attnprobe's reference models' positions)
+    assert tok.model_max_length == 64
+    assert probe_limits(_Model(), tok) == ProbeLimits(64, 64)
+    assert probe_limits(_Model(40), tok) == ProbeLimits(40, 40)
+    assert probe_limits(_Model(40, 20), tok) == ProbeLimits(40, 20)
+    assert probe_limits(_Model(40, 20, on_config=True), tok) == ProbeLimits(40, 20)
+    assert probe_limits(_Model(40, 100), tok) == ProbeLimits(40, 40)  # never past positions
+    assert probe_limits(_Model(40, True), tok) == ProbeLimits(40, 40)  # not a length
+
+
+def test_census_probes_within_the_trained_context():
+    vocab = bert_vocab(WORDS)
+    model, tok = tiny_bert(vocab), bert_tokenizer(vocab)  # 64 positions, [CLS] x x [SEP]
+    texts = ["the cat sat on a mat"]
+    model.trained_length = 20
+    assert census(model, tok, texts, similarity=False).probe_length == (20 - 2) // 2
+    with pytest.warns(UserWarning, match="more than the 20 the model was trained on"):
+        assert census(model, tok, texts, similarity=False, probe_length=12).probe_length == 12
+    with pytest.raises(InputError, match="the model takes at most 64"):
+        census(model, tok, texts, probe_length=40)
 
 
 def test_a_tokenizer_whose_template_cannot_be_found_is_an_error():

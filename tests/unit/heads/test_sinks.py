@@ -239,3 +239,26 @@ def test_sink_free_argmax_offsets_beyond_max_offset_are_pooled():
     argmax = {k: v.item() for k, v in sums.items() if k.startswith("argmax_nosink@")}
     assert argmax == {"argmax_nosink@far": pytest.approx(0.5 * (n - 4))}
     assert sums["rest"].item() == pytest.approx(0.5 * (n - 4))
+
+
+def test_a_learned_sink_counts_as_sink_mass_and_leaves_the_rest_to_be_judged():
+    """Rows give half their mass to a learned sink (no key) and half to the previous token;
+    row 0 to the first token. The sink mass is what the learned sink and the first token took:
+    rows 0 and 1 (whose previous token is the first) 1.0, the others 0.5, mean 4/6; the rest
+    is all on the previous token."""
+    n = 6
+    pattern = torch.zeros(n, n)
+    pattern[0, 0] = 0.5
+    for i in range(1, n):
+        pattern[i, i - 1] = 0.5
+    tokens = tuple(f"t{i}" for i in range(n))
+    amap = AttentionMap(pattern=pattern[None, None], query_tokens=tokens, key_tokens=tokens,
+                        layers=(0,), info=CAUSAL, learned_sink=True)
+    row = ap.heads.classify([amap]).iloc[0]
+    assert row["sink"] == pytest.approx(4 / 6)
+    assert row["prev_nosink"] == pytest.approx(1.0)
+    assert row["label"] == "previous"
+    assert "sink" in row["also"]
+    with pytest.raises(ap.InputError, match="rows must sum to 1"):
+        AttentionMap(pattern=pattern[None, None], query_tokens=tokens, key_tokens=tokens,
+                     layers=(0,), info=CAUSAL)

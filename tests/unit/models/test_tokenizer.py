@@ -93,3 +93,22 @@ def test_too_long_text_raises_unless_truncated(tok):
     assert tok.convert_ids_to_tokens(cut["input_ids"][0]) == ["[BOS]", "the", "cat", "sat"]
     with pytest.raises(InputError, match="max_length is 64"):
         tok([" ".join(["a"] * 64)])
+
+
+def test_convert_tokens_to_ids_gives_one_id_for_a_string_like_hf_tokenizers():
+    """Issue 17: a string was iterated character by character ("t00" -> [1, 1, 1])."""
+    tok = WordTokenizer(["cat", "t00"])
+    assert tok.convert_tokens_to_ids("t00") == tok.vocab["t00"]
+    assert tok.convert_tokens_to_ids("dog") == tok.unk_token_id
+    assert tok.convert_tokens_to_ids(["cat", "t00"]) == [tok.vocab["cat"], tok.vocab["t00"]]
+
+
+def test_decode_joins_the_tokens_of_ids_and_leaves_padding_out():
+    tok = WordTokenizer()
+    batch = tok(["The cat sat.", "a dog"])
+    assert tok.decode(batch["input_ids"][1]) == "[BOS] a dog"  # [PAD] never shown
+    assert tok.decode(batch["input_ids"][0], skip_special_tokens=True) == "the cat sat ."
+    assert tok.batch_decode(batch["input_ids"], skip_special_tokens=True) == [
+        "the cat sat .", "a dog"]
+    assert tok.decode(tok.vocab["cat"]) == "cat"
+    assert tok.decode(tok.encode("a zebra")) == "[BOS] a [UNK]"

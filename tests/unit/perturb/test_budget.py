@@ -83,8 +83,39 @@ def test_run_refuses_before_any_forward(classifier, monkeypatch):
             run(model, tok, [TEXT], "dirichlet", n_draws=10**6)
         with pytest.raises(InputError, match=r"set n_adversaries \(--adversaries\) to"):
             run(model, tok, [TEXT], "adversarial", n_adversaries=10**5)
-        with pytest.raises(InputError, match=r"set batch_size \(--batch-size\) to"):
-            run(model, tok, [TEXT] * 3, "importance", batch_size=10**5)
+        with pytest.raises(InputError, match=r"a forward of 200 rows .* set batch_size "
+                                             r"\(--batch-size\) to"):
+            run(model, tok, [TEXT] * 200, "importance", batch_size=10**5)
     finally:
         handle.remove()
     assert calls == []
+
+
+def test_the_budget_counts_the_rows_the_run_will_have(classifier, monkeypatch):
+    # `perturb --text "The cat sat." --batch-size 200000` was refused as "a forward of 200000
+    # rows": one text is one row, and a text of n tokens has at most n - 1 erasure steps
+    model, tok = classifier
+    seq = len(tok([TEXT])["input_ids"][0])
+    room = int(forward_bytes(model, 3, seq, grad=True) / budget.BUDGET_SHARE) + 1
+    monkeypatch.setattr(budget, "available_bytes", lambda device="cpu": room)  # 3 rows fit
+    assert forward_bytes(model, seq - 1, seq) < forward_bytes(model, 3, seq, grad=True)
+    for experiment, options in (("uniform", {}), ("ablate", {}), ("importance", {}),
+                                ("erase", {"rankings": ["attention"]})):
+        table = run(model, tok, [TEXT] * 3, experiment, batch_size=10**8, **options)
+        assert len(table) > 0, experiment
+    with pytest.raises(InputError, match=rf"^perturb importance: a forward of 4 rows x {seq} "
+                                         r"tokens .* set batch_size \(--batch-size\) to 3 "
+                                         r"or less$"):
+        run(model, tok, [TEXT] * 4, "importance", batch_size=10**8)
+
+
+@pytest.mark.parametrize(("experiment", "options", "rows"), [
+    ("uniform", {}, 3), ("mean", {}, 3), ("importance", {}, 3),  # the texts, not batch_size
+    ("permute", {"n_permutations": 5}, 5), ("dirichlet", {"n_draws": 7}, 7),  # the draws
+    ("erase", {}, 5),  # the steps of a 6-token text: every key but one
+    ("adversarial", {"n_adversaries": 2}, 2),
+])
+def test_footprints_count_rows_from_the_work_itself(experiment, options, rows):
+    params = ap.perturb.params_of(experiment)(**options)
+    assert params.footprint(10**8, 3, 6).rows == rows
+    assert params.footprint(2, 3, 6).rows == min(2, rows)

@@ -16,6 +16,7 @@ import pytest
 from attnprobe.errors import InputError
 from attnprobe.models import build_reference
 from attnprobe.perturb import EXPERIMENTS, Params, params_of, run
+from attnprobe.perturb.experiments import reads_target
 from attnprobe.perturb.params import cli_options, option, option_flag
 from tests.conftest import track
 
@@ -109,7 +110,8 @@ def test_checks_come_from_the_dataclass(classifier):
 @pytest.mark.parametrize(("experiment", "options"), [
     ("permute", {"n_permutations": 3}),
     ("dirichlet", {"n_draws": 2, "alpha": 2.0}),
-    ("erase", {"max_erased": 1, "rankings": ["attention"], "n_steps": 4}),
+    ("erase", {"max_erased": 1, "rankings": ["attention", "integrated_gradients"],
+               "n_steps": 4}),
     ("adversarial", {"eps": 0.2, "n_adversaries": 1, "steps": 2, "lr": 0.1}),
     ("importance", {"prune_steps": 2}),
     ("uniform", {}),
@@ -130,6 +132,45 @@ def test_the_parameter_columns_record_the_dataclass(classifier, experiment, opti
             assert column.tolist() == [value] * len(table), name
     names = [f.name for f in fields(cls) if f.name != "rankings"]
     assert [c for c in table.columns if c in names] == names  # every option, also defaults
+
+
+# ----------------------------------------------------------------------------- no silent option
+# Every experiment x option pair either changes the run or is refused (issue 17): `perturb
+# --experiment uniform --target class:0` measured the whole output without a word.
+@pytest.mark.parametrize(("experiment", "options"), [
+    ("permute", {}), ("dirichlet", {}), ("uniform", {}), ("ablate", {}), ("mean", {}),
+    ("adversarial", {}), ("erase", {"rankings": ["attention", "random"]}),
+])
+def test_a_target_the_experiment_does_not_read_is_refused(classifier, experiment, options):
+    model, tok = classifier
+    with pytest.raises(InputError, match=rf"^perturb {experiment} does not read target "
+                                         r"'class:0': .* \(target is read by erase, "
+                                         r"importance\); leave it out$"):
+        run(model, tok, TEXTS[:1], experiment, target="class:0", **options)
+    assert not reads_target(experiment, **options)
+
+
+def test_experiments_that_read_the_target_use_it(classifier):
+    model, tok = classifier
+    assert reads_target("importance") and reads_target("erase")
+    assert reads_target("erase", rankings=["attention", "saliency"])
+    assert not reads_target("erase", rankings="random")
+    # importance: the loss is -target, so the target changes the importances
+    by_class = [run(model, tok, TEXTS, "importance", target=f"class:{k}") for k in (0, 1)]
+    importance = [t[t["metric"] == "importance_raw"]["perturbed"].tolist() for t in by_class]
+    assert importance[0] != pytest.approx(importance[1])
+
+
+def test_an_option_that_changes_nothing_is_refused(classifier):
+    model, tok = classifier
+    # n_steps counts Integrated Gradients steps: without that ranking it did nothing
+    with pytest.raises(InputError, match=r"^experiment 'erase': n_steps changes nothing here "
+                                         r"\(no ranking of attention, random takes steps; "
+                                         r"integrated_gradients does\); leave it out$"):
+        run(model, tok, TEXTS[:1], "erase", rankings=["attention", "random"], n_steps=10)
+    params_of("erase")(rankings=["attention"], n_steps=10)  # the default object is fine
+    table = run(model, tok, TEXTS[:1], "erase", rankings=["attention"])  # not given: fine
+    assert set(table["n_steps"]) == {50}
 
 
 NEW_EXPERIMENT = '''
