@@ -9,7 +9,9 @@ function; adding a command is adding its module to :data:`COMMANDS`.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from attnprobe.commands import census, compare, diff, extract, models, perturb, report
 from attnprobe.commands.common import Parser, distributed_group
@@ -17,7 +19,7 @@ from attnprobe.core.interrupt import EXIT_INTERRUPTED, INTERRUPTED, end_startup
 from attnprobe.core.version import __version__
 from attnprobe.errors import AttnProbeError
 
-__all__ = ["COMMANDS", "build_parser", "distributed_group", "main"]
+__all__ = ["COMMANDS", "build_parser", "distributed_group", "main", "show_warning"]
 
 COMMANDS = (models, extract, census, compare, perturb, report, diff)
 
@@ -31,11 +33,20 @@ def build_parser() -> Parser:
     return parser
 
 
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """A warning as the command prints it: one line on stderr, like its errors (Python's
+    default adds the file, line and source line of the code that warned)."""
+    print(f"attnprobe: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         end_startup()  # Ctrl-C raises KeyboardInterrupt from here on (attnprobe.core.interrupt)
-        args = build_parser().parse_args(argv)
-        args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            args = build_parser().parse_args(argv)
+            args.run(args)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -62,6 +62,7 @@ from attnprobe.attribution.method_base import METHODS, Explanation, Method, Prob
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
 from attnprobe.capture.text import Truncation, check_inputs, encode
+from attnprobe.capture.token_ids import input_embeddings
 from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
@@ -107,14 +108,9 @@ def embedding_layer(model: nn.Module, embedding: nn.Module | str | None = None) 
                              f"{type(model).__name__}") from None
     if embedding is not None:
         raise InputError(f"embedding must be a module or its path; got {type(embedding).__name__}")
-    get = getattr(model, "get_input_embeddings", None)
-    if callable(get):
-        try:
-            layer = get()
-        except (NotImplementedError, AttributeError):
-            layer = None
-        if isinstance(layer, nn.Module):
-            return layer
+    layer = input_embeddings(model)
+    if layer is not None:
+        return layer
     return next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
 
 

@@ -26,7 +26,8 @@ from torch import nn
 
 from attnprobe.errors import InputError
 
-__all__ = ["Text", "TokenIds", "as_token_ids", "check_inputs", "input_vocab_size"]
+__all__ = ["Text", "TokenIds", "as_token_ids", "check_inputs", "input_embeddings",
+           "input_vocab_size"]
 
 _FORMS = ("a string, a list of strings or token-id sequences ([[2, 14, 15], ...]), a 2-D "
           "id tensor, or a tokenizer output with input_ids")
@@ -174,15 +175,22 @@ def check_inputs(texts: Any) -> list[Text]:
     return out
 
 
+def input_embeddings(model: nn.Module) -> nn.Module | None:
+    """``model.get_input_embeddings()`` (transformers models), or None where it has none."""
+    get = getattr(model, "get_input_embeddings", None)
+    if not callable(get):
+        return None
+    try:
+        layer = get()
+    except (NotImplementedError, AttributeError):
+        return None
+    return layer if isinstance(layer, nn.Module) else None
+
+
 def input_vocab_size(model: nn.Module) -> int | None:
     """Rows of the model's input embedding (token ids must lie below), if known."""
-    get = getattr(model, "get_input_embeddings", None)
-    if callable(get):
-        try:
-            layer = get()
-        except (NotImplementedError, AttributeError):
-            layer = None
-        if isinstance(layer, nn.Embedding):
-            return int(layer.num_embeddings)
+    layer = input_embeddings(model)
+    if isinstance(layer, nn.Embedding):
+        return int(layer.num_embeddings)
     size = getattr(getattr(model, "config", None), "vocab_size", None)
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

@@ -34,6 +34,7 @@ from attnprobe.capture.text import (
     model_inputs,
     truncation_mode,
 )
+from attnprobe.capture.token_ids import input_vocab_size
 from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.divergence import jsd
@@ -155,19 +156,6 @@ class AttentionChange(Summable):
 
 
 # ------------------------------------------------------------------------------- checks
-def _vocabulary_size(model: nn.Module) -> int | None:
-    embeddings = getattr(model, "get_input_embeddings", None)
-    if callable(embeddings):
-        try:
-            table = embeddings()
-        except (NotImplementedError, AttributeError):
-            table = None
-        if isinstance(table, nn.Embedding):
-            return table.num_embeddings
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
-    return size if isinstance(size, int) else None
-
-
 def _check_tokenizers(tokenizer: Any, tokenizer_b: Any) -> None:
     vocab_of = [getattr(t, "get_vocab", None) for t in (tokenizer, tokenizer_b)]
     if all(callable(v) for v in vocab_of):
@@ -201,7 +189,7 @@ def check_pair(model_a: nn.Module, model_b: nn.Module, tokenizer: Any = None,
         raise InputError(f"the models differ in shape: {sizes_a[0]} layers x {sizes_a[1]} heads "
                          f"vs {sizes_b[0]} x {sizes_b[1]}; a diff compares two checkpoints of "
                          "one architecture")
-    vocab_a, vocab_b = _vocabulary_size(model_a), _vocabulary_size(model_b)
+    vocab_a, vocab_b = input_vocab_size(model_a), input_vocab_size(model_b)
     if vocab_a is not None and vocab_b is not None and vocab_a != vocab_b:
         raise InputError(f"the models' vocabularies differ ({vocab_a} vs {vocab_b} token "
                          "embeddings); a diff needs models that read the same tokens")
