@@ -17,12 +17,44 @@ from attnprobe.capture.corpus import extract, head_stats
 from attnprobe.capture.generation import Generated, generate_maps
 from attnprobe.capture.hooks import count_hooks, hook_point_paths
 from attnprobe.capture.info import attention_sizes, model_info, model_scope
-from attnprobe.capture.parts import Edit, EditOutput, Keep, Live, Part, Reduce, Scores, Values
+from attnprobe.capture.parts import Activations, Keep, Live, Part, Reduce, Scores, Values
+from attnprobe.capture.rewrites import (
+    Edit,
+    EditKey,
+    EditOutput,
+    EditQuery,
+    EditValue,
+    Knockout,
+)
 from attnprobe.capture.sites import Site
 from attnprobe.core.hook_point import HookPoint
 
 __all__ = [
-    "BatchPatterns", "Capture", "Edit", "EditOutput", "Generated", "HookPoint", "Keep", "Live",
-    "Part", "Reduce", "Scores", "Site", "Values", "attention_sizes", "capture", "count_hooks",
-    "extract", "generate_maps", "head_stats", "hook_point_paths", "model_info", "model_scope",
+    "Activations",
+    "BatchPatterns",
+    "Capture",
+    "Edit",
+    "EditKey",
+    "EditOutput",
+    "EditQuery",
+    "EditValue",
+    "Generated",
+    "HookPoint",
+    "Keep",
+    "Knockout",
+    "Live",
+    "Part",
+    "Reduce",
+    "Scores",
+    "Site",
+    "Values",
+    "attention_sizes",
+    "capture",
+    "count_hooks",
+    "extract",
+    "generate_maps",
+    "head_stats",
+    "hook_point_paths",
+    "model_info",
+    "model_scope",
 ]

@@ -35,6 +35,8 @@ class ForwardCall:
     scores: dict[Site, torch.Tensor] = field(default_factory=dict)
     live: dict[Site, torch.Tensor] = field(default_factory=dict)  # in the graph, grads retained
     values: dict[Site, torch.Tensor] = field(default_factory=dict)  # [batch, head, key, d_head]
+    # site -> {"q" | "k" | "v" | "z": [batch, head|kv_head, position, d_head]}
+    activations: dict[Site, dict[str, torch.Tensor]] = field(default_factory=dict)
     runs: Runs = field(default_factory=Runs)  # which run of which module each site is
 
     def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:

@@ -15,18 +15,9 @@ from attnprobe.capture import discovery, hf, hooks
 from attnprobe.capture.assemble import Stacked, batch_patterns, build_maps, stack_calls
 from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.info import model_info
-from attnprobe.capture.parts import (
-    Edit,
-    EditFn,
-    EditOutput,
-    Keep,
-    Live,
-    Part,
-    Reduce,
-    Scores,
-    Values,
-)
+from attnprobe.capture.parts import Keep, Live, Part, Reduce, Scores, Values
 from attnprobe.capture.recorder import Recorder
+from attnprobe.capture.rewrites import Edit, EditFn, EditOutput
 from attnprobe.capture.sites import Site
 from attnprobe.capture.steps import cache_rows
 from attnprobe.core.display import counted, describe, indices
@@ -53,6 +44,8 @@ class Capture:
             padding included); after ``backward()`` their ``.grad`` is ∂output/∂attention.
         values: with ``values=True``, per forward call, each scoped site's value vectors
             ``[batch, head, key, d_head]`` (every head; transformers models).
+        activations: with the :class:`~attnprobe.capture.parts.Activations` part, per
+            forward call, each scoped site's ``{"q" | "k" | "v" | "z": tensor}``.
         runs: one row per captured layer (``stack, kind, layer, path, call``), in the order
             they first ran: which module computed it and which of its runs in the forward it
             was (``call`` > 0 for modules that run several times per forward, e.g. ALBERT's
@@ -65,6 +58,7 @@ class Capture:
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     live: list[dict[Site, torch.Tensor]] = field(default_factory=list)
     values: list[dict[Site, torch.Tensor]] = field(default_factory=list)
+    activations: list[dict[Site, dict[str, torch.Tensor]]] = field(default_factory=list)
     # what the recorder kept, stacked once on first use (maps and batches share the tensors)
     _stack: Callable[[], list[Stacked]] | None = field(default=None, repr=False)
     _stacked: list[Stacked] | None = field(default=None, repr=False)
@@ -389,3 +383,4 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         columns=["stack", "kind", "layer", "path", "max_abs_change"])
     result.live = [call.live for call in recorder.calls if call.live]
     result.values = [call.values for call in recorder.calls if call.values]
+    result.activations = [call.activations for call in recorder.calls if call.activations]

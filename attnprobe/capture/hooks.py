@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from attnprobe.capture.parts import Scores
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site, layer_counts, site_for_path
 from attnprobe.core.hook_point import HookPoint
@@ -23,6 +22,9 @@ from attnprobe.errors import AttentionUnavailableError, InputError
 
 PATTERN_SUFFIX = "hook_pattern"
 SCORES_SUFFIX = "hook_scores"
+# tensor name (parts.TENSORS) -> the hook point next to hook_pattern that carries it
+SIBLINGS = {"scores": SCORES_SUFFIX, "q": "hook_q", "k": "hook_k", "v": "hook_v",
+            "z": "hook_z"}
 
 
 def count_hooks(model: nn.Module) -> int:
@@ -50,7 +52,8 @@ def path_sites(model: nn.Module, paths: Sequence[str]) -> list[Site]:
     return sites
 
 
-def _hook(recorder: Recorder, site: Site) -> Callable[..., torch.Tensor | None]:
+def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None
+                  ) -> Callable[..., torch.Tensor | None]:
     def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         if not recorder.is_open:  # a forward of another thread: not this capture's
             return None
@@ -58,39 +61,65 @@ def _hook(recorder: Recorder, site: Site) -> Callable[..., torch.Tensor | None]:
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
             raise AttentionUnavailableError(
                 f"output of {site.path} is not a [batch, head, query, key] pattern: {shape}")
-        pattern = recorder.apply_edit(site, output) if recorder.edit is not None else output
+        pattern = output
+        if recorder.takes("pattern"):
+            pattern = recorder.tensor(site, "pattern", output, n_heads or output.shape[1])
         recorder.consume(site, pattern, 0, pattern.shape[2])
-        return pattern if recorder.edit is not None else None
+        return pattern if recorder.rewrites("pattern") else None
 
     return on_output
 
 
-def _scores_hook(recorder: Recorder, site: Site) -> Callable[..., None]:
-    def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if recorder.is_open:
-            recorder.consume_scores(site, output)
+def _sibling_hook(recorder: Recorder, site: Site, name: str, n_heads: int | None
+                  ) -> Callable[..., torch.Tensor | None]:
+    """Forward hook on the ``hook_<name>`` next to a site's pattern (:data:`SIBLINGS`): the
+    tensor to the parts that take it; for the scores, the knockouts' blocked edges closed
+    (the model's own mask is applied after them)."""
+
+    def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        if not recorder.is_open:
+            return None
+        heads = n_heads or output.shape[1]
+        tensor = recorder.tensor(site, name, output, heads) if recorder.takes(name) else output
+        if name == "scores" and recorder.knockouts:
+            blocked = recorder.blocked(site, tensor.shape, None)
+            if blocked is not None:
+                return tensor.masked_fill(blocked, float("-inf"))
+        return tensor if recorder.rewrites(name) else None
 
     return on_output
 
 
-def scores_path(model: nn.Module, pattern_path: str) -> str:
-    """The ``hook_scores`` sibling of a ``hook_pattern`` path; error if the model has none."""
+def sibling_path(model: nn.Module, pattern_path: str, name: str) -> str:
+    """The ``hook_<name>`` sibling of a ``hook_pattern`` path; an error naming what needs it
+    when the model has none."""
     head = pattern_path.rpartition(".")[0]
-    path = f"{head}.{SCORES_SUFFIX}" if head else SCORES_SUFFIX
+    suffix = SIBLINGS[name]
+    path = f"{head}.{suffix}" if head else suffix
     try:
         model.get_submodule(path)
     except AttributeError:
-        raise InputError(f"scores=True needs a {SCORES_SUFFIX} module next to {pattern_path}; "
-                         f"{type(model).__name__} has none at {path}") from None
+        wants = "scores=True or a knockout" if name == "scores" else f"a part on {name!r}"
+        raise InputError(f"{wants} needs a {suffix} module next to {pattern_path}; "
+                         f"{type(model).__name__} has none at {path} (attnprobe's reference "
+                         "models and transformers models serve it)") from None
     return path
+
+
+def _query_heads(model: nn.Module, pattern_path: str) -> int | None:
+    """Query heads of the attention module holding a hook point (its ``n_heads``)."""
+    head = pattern_path.rpartition(".")[0]
+    holder = model.get_submodule(head) if head else model
+    n = getattr(holder, "n_heads", None)
+    return n if isinstance(n, int) else None
 
 
 @contextmanager
 def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None
               ) -> Iterator[list[Site]]:
-    """Hook each pattern-producing module (and, for the Scores part, its ``hook_scores``
-    sibling); handles are removed even if the forward raises."""
-    scores = any(isinstance(part, Scores) for part in recorder.parts)
+    """Hook each pattern-producing module, and the ``hook_<name>`` siblings the parts or
+    knockouts need (``hook_scores``, ``hook_q`` ...); handles are removed even if the forward
+    raises."""
     paths = list(paths) if paths is not None else hook_point_paths(model)
     if not paths:
         raise AttentionUnavailableError(
@@ -99,15 +128,20 @@ def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None
     sites = path_sites(model, paths)
     recorder.check_layers(layer_counts(sites))
     wanted = [s for s in sites if recorder.wants(s)]
+    siblings = [name for name in SIBLINGS if recorder.takes(name)
+                or (name == "scores" and recorder.knockouts)]
     handles = []
     try:
         if recorder.needs_weights:
             for site in wanted:
+                n_heads = _query_heads(model, site.path)
                 module = model.get_submodule(site.path)
-                handles.append(module.register_forward_hook(_hook(recorder, site)))
-                if scores:
-                    sibling = model.get_submodule(scores_path(model, site.path))
-                    handles.append(sibling.register_forward_hook(_scores_hook(recorder, site)))
+                handles.append(module.register_forward_hook(
+                    _pattern_hook(recorder, site, n_heads)))
+                for name in siblings:
+                    sibling = model.get_submodule(sibling_path(model, site.path, name))
+                    handles.append(sibling.register_forward_hook(
+                        _sibling_hook(recorder, site, name, n_heads)))
         yield wanted
     finally:
         for handle in handles:

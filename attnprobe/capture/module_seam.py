@@ -39,7 +39,7 @@ from attnprobe.capture.runs import Run
 from attnprobe.capture.sites import Site
 from attnprobe.errors import AttentionUnavailableError, InputError
 
-__all__ = ["module_seam", "sdpa_weights"]
+__all__ = ["module_seam", "sdpa_scores"]
 
 _SOFTMAXES = frozenset({torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax,
                         torch.special.softmax})
@@ -62,12 +62,12 @@ def _sdpa_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
     return given
 
 
-def sdpa_weights(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                 is_causal: bool = False, scale: float | None = None,
-                 enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scores, weights)`` ``[batch, head, query, key]`` that torch's
-    ``scaled_dot_product_attention`` computes for these arguments (a closed key is the
-    dtype's lowest value rather than -inf, so a fully masked padding row stays finite)."""
+def sdpa_scores(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> torch.Tensor:
+    """The masked scores ``[batch, head, query, key]`` whose softmax torch's
+    ``scaled_dot_product_attention`` takes for these arguments (a closed key is the dtype's
+    lowest value rather than -inf, so a fully masked padding row stays finite)."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if key.shape[-3] != query.shape[-3]:  # grouped heads (enable_gqa, or a caller's repeat)
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
@@ -82,7 +82,7 @@ def sdpa_weights(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor
             scores = scores.masked_fill(~attn_mask, low)
         else:
             scores = (scores + attn_mask.to(scores.dtype)).clamp(min=low)
-    return scores, torch.softmax(scores, dim=-1)
+    return scores
 
 
 class _Reader(TorchFunctionMode):
@@ -124,30 +124,45 @@ class ModuleRun:
                 f"{self.tokens} × {self.key_tokens} tokens: a layout (block-local or "
                 "global-token attention) attnprobe cannot read as one [query, key] map")
 
+    def _knocked_out(self, site: Site, scores: torch.Tensor) -> torch.Tensor:
+        """Scores ``[batch, head, query, key]`` with the knockouts' blocked edges closed
+        (keys the model closed stay closed; the row renormalises over the rest)."""
+        low = torch.finfo(scores.dtype).min
+        blocked = self.recorder.blocked(site, scores.shape, scores > low / 2)
+        return scores if blocked is None else scores.masked_fill(blocked, low)
+
     def _take(self, site: Site, weights: torch.Tensor,
               scores: torch.Tensor | None) -> torch.Tensor:
-        """Hand ``[batch, head, query, key]`` weights to the recorder; the edited weights."""
-        recorder = self.recorder
-        if scores is not None:
-            recorder.consume_scores(site, scores)
-        if recorder.edit is not None:
-            weights = recorder.apply_edit(site, weights)
+        """Hand ``[batch, head, query, key]`` weights (and the scores they came from) to the
+        recorder's parts; the weights as the rewriting parts left them."""
+        recorder, n_heads = self.recorder, weights.shape[1]
+        if scores is not None and recorder.takes("scores"):
+            recorder.tensor(site, "scores", scores, n_heads)
+        if recorder.takes("pattern"):
+            weights = recorder.tensor(site, "pattern", weights, n_heads)
         recorder.consume(site, weights, 0, weights.shape[2])
         return weights
 
     def softmax(self, func: Callable[..., torch.Tensor], args: tuple,
                 kwargs: dict) -> torch.Tensor:
-        weights = func(*args, **kwargs)
         dim = _softmax_dim(args, kwargs)
-        view = None if dim is None else self.layout.read(weights, dim, self.batch, self.tokens)
-        if view is None:
-            return weights
+        scores = None if dim is None else self.layout.read(args[0], dim, self.batch,
+                                                           self.tokens)
+        if scores is None:
+            return func(*args, **kwargs)
         site = self.run.next_site()
         if not self.recorder.wants(site):
-            return weights
-        self._check_shape(site, view)
-        scores = self.layout.read(args[0], dim, self.batch, self.tokens) \
-            if self.recorder.wants_scores else None
+            return func(*args, **kwargs)
+        self._check_shape(site, scores)
+        if self.recorder.knockouts:
+            if self.layout is not ROWS_LAST:
+                raise InputError(f"a knockout at {site.path} needs [query, key] scores; this "
+                                 f"module computes its attention as a {self.layout.name}")
+            scores = self._knocked_out(site, scores)
+            args = (self.layout.write(scores, args[0], dim, self.batch, self.tokens),
+                    *args[1:])
+        weights = func(*args, **kwargs)
+        view = self.layout.read(weights, dim, self.batch, self.tokens)
         taken = self._take(site, view, scores)
         if taken is view:
             return weights
@@ -159,10 +174,12 @@ class ModuleRun:
         if not self.recorder.wants(site):
             return _SDPA(*args, **kwargs)
         query, value = given["query"], given["value"]
-        scores, weights = sdpa_weights(query, given["key"], given.get("attn_mask"),
-                                       bool(given.get("is_causal", False)), given.get("scale"))
-        self._check_shape(site, weights)
-        weights = self._take(site, weights, scores if self.recorder.wants_scores else None)
+        scores = sdpa_scores(query, given["key"], given.get("attn_mask"),
+                             bool(given.get("is_causal", False)), given.get("scale"))
+        self._check_shape(site, scores)
+        if self.recorder.knockouts:
+            scores = self._knocked_out(site, scores)
+        weights = self._take(site, torch.softmax(scores, dim=-1), scores)
         dropout = float(given.get("dropout_p", 0.0) or 0.0)
         if dropout:
             weights = nn.functional.dropout(weights, p=dropout, training=True)

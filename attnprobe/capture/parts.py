@@ -1,48 +1,54 @@
-"""The opt-in parts of a capture: what to do with the weights a seam hands over.
+"""The opt-in parts of a capture: what to do with what a seam hands over.
 
 :func:`attnprobe.capture` is a small core — a model, a :class:`~attnprobe.core.scope.Scope`
 and the seam that reaches its attention — plus the parts asked for:
 
-=============  =======================================================  ====================
-part           what it does                                             seams
-=============  =======================================================  ====================
-``Keep``       keep the scoped weights (``cap.maps``, ``cap.batches()``) every seam
-``Reduce``     feed streaming reducers (``cap.tally``), in row blocks   every seam
-``Edit``       change the weights between the softmax and the values    every seam
-``EditOutput`` change per-head outputs before the output projection     hf
-``Live``       keep the weights in the autograd graph (``cap.live``)    every seam
-``Values``     keep the value vectors (``cap.values``)                  hf
-``Scores``     keep the pre-softmax scores (``AttentionMap.scores``)    modules, hook_points,
+===============  =====================================================  ===================
+part             what it does                                           seams
+===============  =====================================================  ===================
+``Keep``         keep the scoped weights (``cap.maps``, ``cap.batches``) every seam
+``Reduce``       feed streaming reducers (``cap.tally``), in row blocks every seam
+``Live``         keep the weights in the autograd graph (``cap.live``)  every seam
+``Scores``       keep the pre-softmax scores (``AttentionMap.scores``)  modules, hook_points,
                                                                         paths
-=============  =======================================================  ====================
+``Values``       keep the value vectors (``cap.values``)                hf
+``Activations``  keep q, k, v and per-head outputs z                    hf, hook_points
+                 (``cap.activations``)
+``Edit``...      rewrite weights / q / k / v / per-head outputs         :mod:`~attnprobe.
+                 (:mod:`attnprobe.capture.rewrites`)                    capture.rewrites`
+``Knockout``     block attention edges before the softmax               every seam
+===============  =====================================================  ===================
 
 Seams: ``hf`` (transformers' attention interface), ``modules`` (transformers attention modules
 that compute their weights themselves; :mod:`attnprobe.capture.module_seam`), ``hook_points``
 (attnprobe's reference models), ``paths`` (module paths named by the caller). A part on a seam
 that cannot serve it is an :class:`~attnprobe.errors.InputError` before any forward, and so is
-a part given twice. A new
-part is one class here: it says which seams serve it, whether it needs every query row at once,
-and overrides the hooks it needs (``on_rows``, ``on_values``, ``on_scores``). ``Live`` and
-``Values`` hold every head of each scoped layer (what the forward computed); ``Keep``,
-``Reduce`` and ``Scores`` only the scope's heads.
+a part given twice.
+
+**A new part is one class here**: it says which seams serve it, whether it needs every query
+row at once, which tensors of a site it reads or rewrites (:data:`TENSORS`, through
+:meth:`Part.on_tensor`), and overrides the hooks it needs (``on_rows``, ``on_tensor``,
+``blocked``). Parts see the capture through :class:`Host` (what the recorder offers them),
+so this module does not import the recorder. ``Live``, ``Values`` and ``Activations`` hold
+every head of each scoped layer (what the forward computed); ``Keep``, ``Reduce`` and
+``Scores`` only the scope's heads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
 
+from attnprobe.capture.calls import ForwardCall
 from attnprobe.capture.sites import Site
-from attnprobe.core.reducers import Reducer, RowBlock, default_reducers
+from attnprobe.core.reducers import Reducer, RowBlock, Tally, default_reducers
+from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 
-if TYPE_CHECKING:
-    from attnprobe.capture.recorder import Recorder
-
-__all__ = ["SEAMS", "SEAM_NAMES", "Edit", "EditFn", "EditOutput", "Keep", "Live", "Part",
+__all__ = ["SEAMS", "SEAM_NAMES", "TENSORS", "Activations", "Host", "Keep", "Live", "Part",
            "Reduce", "Rows", "Scores", "Values"]
 
 SEAMS = ("hf", "modules", "hook_points", "paths")
@@ -51,7 +57,27 @@ SEAM_NAMES = {"hf": "transformers' attention interface (transformers models)",
                          "GPT-Neo, Bloom, DeBERTa that compute their weights themselves)",
               "hook_points": "hook points (attnprobe's reference models)",
               "paths": "module paths (paths=[...])"}
-EditFn = Callable[[int, torch.Tensor], torch.Tensor]
+# Tensors of a site a part may read or rewrite (Part.on_tensor): queries [batch, head, query,
+# d], keys and values [batch, kv_head, key, d] (grouped-query models: the shared heads),
+# per-head outputs z [batch, head, query, d] (weights times values, before the output
+# projection), the weights [batch, head, query, key] and the pre-softmax scores (same shape).
+TENSORS = ("q", "k", "v", "z", "pattern", "scores")
+
+
+class Host(Protocol):
+    """What a capture offers its parts (the recorder; per capture context)."""
+
+    scope: Scope
+    tally: Tally
+    learned_sinks: set[Site]
+    edit_changes: dict[Site, float]
+
+    @property
+    def current(self) -> ForwardCall: ...
+
+    def store(self, what: str, site: Site, rows: torch.Tensor) -> None: ...
+
+    def head_index(self, n_heads: int, site: Site) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -74,12 +100,15 @@ class Rows:
 
 class Part:
     """Base of every part: which seams serve it, which other parts it needs (by ``name``),
-    and the hooks it may override."""
+    which tensors it reads or rewrites, and the hooks it may override."""
 
     name: ClassVar[str] = "part"
     seams: ClassVar[tuple[str, ...]] = SEAMS
     needs: ClassVar[tuple[str, ...]] = ()  # names of parts it only works next to
     whole_rows: ClassVar[bool] = True  # needs all query rows of a site at once
+    tensors: ClassVar[tuple[str, ...]] = ()  # of TENSORS, what on_tensor takes
+    rewrites: ClassVar[bool] = False  # on_tensor may return a replacement
+    query_block: int | None = None  # rows per block a streaming part asks for (None: any)
 
     def check_seam(self, seam: str) -> None:
         """Raise InputError unless ``seam`` (one of :data:`SEAMS`) serves this part."""
@@ -88,15 +117,19 @@ class Part:
             raise InputError(f"{self.name} works through {served}; this model is captured "
                              f"through {SEAM_NAMES[seam]}")
 
-    def on_rows(self, recorder: Recorder, rows: Rows) -> None:
+    def on_rows(self, host: Host, rows: Rows) -> None:
         """A block of weights arrived (after every edit)."""
 
-    def on_values(self, recorder: Recorder, site: Site, value: torch.Tensor,
-                  n_heads: int) -> None:
-        """Value vectors ``[batch, kv_head, key, d]`` of a site (hf seam)."""
+    def on_tensor(self, host: Host, site: Site, name: str, tensor: torch.Tensor,
+                  n_heads: int) -> torch.Tensor | None:
+        """Tensor ``name`` of :data:`TENSORS` at ``site`` (whose layer has ``n_heads`` query
+        heads): read it, or return a replacement (parts with ``rewrites``)."""
+        return None
 
-    def on_scores(self, recorder: Recorder, site: Site, scores: torch.Tensor) -> None:
-        """Pre-softmax scores ``[batch, head, query, key]`` (hook seams)."""
+    def blocked(self, host: Host, site: Site, shape: torch.Size) -> torch.Tensor | None:
+        """Edges the part blocks before the softmax: bool broadcastable to ``shape`` =
+        ``[batch, head, query, key]`` (True = blocked), or None."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -105,11 +138,11 @@ class Keep(Part):
 
     name: ClassVar[str] = "keep"
 
-    def on_rows(self, recorder: Recorder, rows: Rows) -> None:
+    def on_rows(self, host: Host, rows: Rows) -> None:
         kept = rows.kept
         if kept.requires_grad or kept.device.type != "cpu" or kept.dtype != torch.float32:
             kept = kept.detach().to("cpu", torch.float32)
-        recorder.store("patterns", rows.site, kept)
+        host.store("patterns", rows.site, kept)
 
 
 @dataclass(frozen=True)
@@ -133,12 +166,12 @@ class Reduce(Part):
                                   or block < 1):
             raise InputError(f"query_block must be a positive integer; got {block!r}")
 
-    def on_rows(self, recorder: Recorder, rows: Rows) -> None:
-        call = recorder.current
+    def on_rows(self, host: Host, rows: Rows) -> None:
+        call = host.current
         site, pattern = rows.site, rows.pattern
         batch, n_heads, q_block, k_len = pattern.shape
         # a tally is per head, so it takes exactly the scope's heads (not the maps' grid)
-        heads = recorder.scope.heads_of(site.layer, n_heads)
+        heads = host.scope.heads_of(site.layer, n_heads)
         kept = rows.kept if heads == rows.heads else pattern[:, list(heads)]
         kept = kept.detach()
         if kept.element_size() < 4:  # half precision: sum in float32, as the kept maps do
@@ -159,73 +192,8 @@ class Reduce(Part):
                          key_len=k_valid.sum(-1).clamp(min=1),
                          visible=visible.expand(batch, q_block).cpu(),
                          query_ids=None if q_ids is None else q_ids[:, span], key_ids=k_ids,
-                         learned_sink=site in recorder.learned_sinks)
-        recorder.tally.add(site.key, heads, block, self.reducers)
-
-
-def _checked(recorder: Recorder, site: Site, before: torch.Tensor, edited: object,
-             what: str) -> torch.Tensor:
-    """The edit's result ``[batch, head, ...]``, checked: same shape, finite in the model's
-    dtype; heads outside the scope keep ``before`` (the tensor as it was before the edit
-    ran), against which the change is noted."""
-    if not isinstance(edited, torch.Tensor) or edited.shape != before.shape:
-        got = tuple(edited.shape) if isinstance(edited, torch.Tensor) else type(edited).__name__
-        raise InputError(f"{what} at {site.path} must return a tensor of shape "
-                         f"{tuple(before.shape)}; got {got}")
-    dtype = str(before.dtype).removeprefix("torch.")
-    if not torch.isfinite(edited).all():
-        raise InputError(f"{what} at {site.path} returned NaN or inf (the model computes in "
-                         f"{dtype}, largest value {torch.finfo(before.dtype).max:.3g})")
-    cast = edited.to(device=before.device, dtype=before.dtype)
-    if not torch.isfinite(cast).all():  # e.g. float32 results beyond float16's 65504
-        raise InputError(f"{what} at {site.path} returned values that overflow the model's "
-                         f"{dtype} (largest {edited.abs().max().item():.3g}, {dtype} holds "
-                         f"{torch.finfo(before.dtype).max:.3g})")
-    heads = recorder.scope.heads_of(site.layer, before.shape[1])
-    if len(heads) < before.shape[1]:  # the scope says which heads an edit may touch
-        inside = torch.zeros(before.shape[1], dtype=torch.bool, device=before.device)
-        inside[list(heads)] = True
-        cast = torch.where(inside[:, None, None], cast, before)
-    change = (cast - before).abs().max().item() if before.numel() else 0.0
-    recorder.edit_changes[site] = max(recorder.edit_changes.get(site, 0.0), change)
-    return cast
-
-
-@dataclass(frozen=True)
-class _Rewrite(Part):
-    """A part that replaces a tensor of the forward with ``fn(layer, tensor)``."""
-
-    fn: EditFn = field(repr=False, default=None)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if not callable(self.fn):
-            raise InputError(f"{self.name} needs a function fn(layer, tensor) -> tensor; got "
-                             f"{type(self.fn).__name__}")
-
-    def apply(self, recorder: Recorder, site: Site, tensor: torch.Tensor) -> torch.Tensor:
-        """``fn(layer, copy of tensor)``, checked (:func:`_checked`). ``fn`` gets a copy, so an
-        in-place edit that returns its argument works and is measured against the original."""
-        return _checked(recorder, site, tensor, self.fn(site.layer, tensor.clone()), self.name)
-
-
-@dataclass(frozen=True)
-class Edit(_Rewrite):
-    """``fn(layer, pattern) -> pattern`` on the scoped layers' weights ``[batch, head, query,
-    key]`` between the softmax and the values. ``fn`` sees every head of the layer; what it
-    returns for heads outside the scope is dropped. The capture checks that some weight
-    changed."""
-
-    name: ClassVar[str] = "edit"
-
-
-@dataclass(frozen=True)
-class EditOutput(_Rewrite):
-    """``fn(layer, output) -> output`` on the per-head outputs ``[batch, head, query, d_head]``
-    (weights times values, before the output projection), e.g. mean-ablation; like
-    :class:`Edit`, only the scope's heads take the result."""
-
-    name: ClassVar[str] = "edit_output"
-    seams: ClassVar[tuple[str, ...]] = ("hf",)
+                         learned_sink=site in host.learned_sinks)
+        host.tally.add(site.key, heads, block, self.reducers)
 
 
 @dataclass(frozen=True)
@@ -236,10 +204,10 @@ class Live(Part):
 
     name: ClassVar[str] = "live"
 
-    def on_rows(self, recorder: Recorder, rows: Rows) -> None:
+    def on_rows(self, host: Host, rows: Rows) -> None:
         if rows.pattern.requires_grad:
             rows.pattern.retain_grad()
-        recorder.current.live[rows.site] = rows.pattern
+        host.current.live[rows.site] = rows.pattern
 
 
 @dataclass(frozen=True)
@@ -250,12 +218,13 @@ class Values(Part):
 
     name: ClassVar[str] = "values"
     seams: ClassVar[tuple[str, ...]] = ("hf",)
+    tensors: ClassVar[tuple[str, ...]] = ("v",)
 
-    def on_values(self, recorder: Recorder, site: Site, value: torch.Tensor,
+    def on_tensor(self, host: Host, site: Site, name: str, tensor: torch.Tensor,
                   n_heads: int) -> None:
-        groups = n_heads // value.shape[1]
-        value = value.detach()
-        recorder.current.values[site] = value.repeat_interleave(groups, 1) if groups > 1 \
+        groups = n_heads // tensor.shape[1]
+        value = tensor.detach()
+        host.current.values[site] = value.repeat_interleave(groups, 1) if groups > 1 \
             else value
 
 
@@ -268,8 +237,40 @@ class Scores(Part):
     name: ClassVar[str] = "scores"
     needs: ClassVar[tuple[str, ...]] = ("keep",)
     seams: ClassVar[tuple[str, ...]] = ("modules", "hook_points", "paths")
+    tensors: ClassVar[tuple[str, ...]] = ("scores",)
 
-    def on_scores(self, recorder: Recorder, site: Site, scores: torch.Tensor) -> None:
-        heads = recorder.head_index(scores.shape[1], site)
-        kept = scores[:, list(heads)].detach().to("cpu", torch.float32)
-        recorder.store("scores", site, kept)
+    def on_tensor(self, host: Host, site: Site, name: str, tensor: torch.Tensor,
+                  n_heads: int) -> None:
+        heads = host.head_index(tensor.shape[1], site)
+        kept = tensor[:, list(heads)].detach().to("cpu", torch.float32)
+        host.store("scores", site, kept)
+
+
+@dataclass(frozen=True)
+class Activations(Part):
+    """Keep each scoped site's queries, keys, values and per-head outputs (``names``, of
+    ``q k v z``) as computed: ``cap.activations[call][site][name]``, every head,
+    ``[batch, head|kv_head, position, d_head]`` (detached; ``grad=True`` keeps them in the
+    autograd graph with gradients retained, e.g. for attribution patching). Queries and keys
+    are those the scores are computed from (after rotary embeddings)."""
+
+    names: tuple[str, ...] = ("q", "k", "v", "z")
+    grad: bool = False
+    name: ClassVar[str] = "activations"
+    seams: ClassVar[tuple[str, ...]] = ("hf", "hook_points", "paths")
+
+    def __post_init__(self) -> None:
+        bad = [n for n in self.names if n not in ("q", "k", "v", "z")]
+        if bad or not self.names:
+            raise InputError(f"Activations keeps q, k, v and z; got {list(self.names)}")
+
+    @property
+    def tensors(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.names)
+
+    def on_tensor(self, host: Host, site: Site, name: str, tensor: torch.Tensor,
+                  n_heads: int) -> None:
+        if self.grad and tensor.requires_grad:
+            tensor.retain_grad()
+        kept = tensor if self.grad else tensor.detach()
+        host.current.activations.setdefault(site, {})[name] = kept

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture.calls import ForwardCall, Growing, Side, StopForward
-from attnprobe.capture.parts import Edit, EditOutput, Part, Reduce, Rows, Scores
+from attnprobe.capture.parts import TENSORS, Part, Rows
 from attnprobe.capture.runs import Run
 from attnprobe.capture.sites import Site
 from attnprobe.capture.steps import fold_steps
@@ -84,12 +84,15 @@ class Recorder:
     def __init__(self, scope: Scope, parts: Sequence[Part]) -> None:
         self.scope = scope
         self.parts = list(parts)
-        self.edit = next((p for p in self.parts if isinstance(p, Edit)), None)
-        self.edit_output = next((p for p in self.parts if isinstance(p, EditOutput)), None)
-        self.wants_scores = any(isinstance(p, Scores) for p in self.parts)
+        # tensor name (parts.TENSORS) -> the parts that rewrite it, then those that read it
+        # (so readers see what the forward computes with)
+        self.takers = {name: sorted((p for p in self.parts if name in p.tensors),
+                                    key=lambda p: not p.rewrites) for name in TENSORS}
+        self.knockouts = [p for p in self.parts if type(p).blocked is not Part.blocked]
+        self.changes_forward = bool(self.knockouts) or any(p.rewrites for p in self.parts)
         self._needs_whole = any(p.whole_rows for p in self.parts)  # asked at every call
-        self.query_block = min((p.query_block for p in self.parts
-                                if isinstance(p, Reduce) and p.query_block), default=None)
+        self.query_block = min((p.query_block for p in self.parts if p.query_block),
+                               default=None)
         # stop_early: raise StopForward once the current forward has read all of these (in
         # whatever order it runs them)
         self.stop_at: frozenset[tuple[str, str, int]] = frozenset()  # Site.key of each
@@ -107,6 +110,7 @@ class Recorder:
         self._cache_rows: torch.Tensor | None = None  # steps.cache_rows of the last call
         self.fired: dict[Site, None] = {}  # in the order they first fired
         self.edit_changes: dict[Site, float] = {}
+        self.knocked_out = 0  # edges knockouts blocked that a row could see
         self.kept_heads: dict[Site, tuple[int, ...]] = {}
         self.layer_counts: dict[tuple[str, str], int] = {}
         self.n_heads = 0  # heads of the model, seen on the first captured tensor
@@ -265,23 +269,46 @@ class Recorder:
         kept[site] = _append_rows(kept.get(site), rows, site)
 
     # ------------------------------------------------------------ consume
-    def apply_edit(self, site: Site, pattern: torch.Tensor) -> torch.Tensor:
-        """The edit part's weights for ``[batch, head, query, key]`` (checked)."""
-        return self.edit.apply(self, site, pattern) if self.edit else pattern
+    def takes(self, name: str) -> bool:
+        """Whether a part reads or rewrites tensor ``name`` (:data:`~attnprobe.capture.parts.
+        TENSORS`), so that the seam hands it over."""
+        return bool(self.takers[name])
 
-    def apply_output_edit(self, site: Site, output: torch.Tensor) -> torch.Tensor:
-        """The output-edit part's per-head outputs ``[batch, head, query, d]`` (checked)."""
-        return self.edit_output.apply(self, site, output) if self.edit_output else output
+    def rewrites(self, name: str) -> bool:
+        """Whether a part may replace tensor ``name``."""
+        return any(p.rewrites for p in self.takers[name])
 
-    def consume_values(self, site: Site, value: torch.Tensor, n_heads: int) -> None:
-        """Value vectors ``[batch, kv_head, key, d]`` of ``site`` (before the weights meet them)."""
-        for part in self.parts:
-            part.on_values(self, site, value, n_heads)
+    def tensor(self, site: Site, name: str, tensor: torch.Tensor, n_heads: int) -> torch.Tensor:
+        """Hand tensor ``name`` of ``site`` (a layer of ``n_heads`` query heads) to the parts
+        that take it; the tensor as the rewriting parts left it (checked by them)."""
+        for part in self.takers[name]:
+            replaced = part.on_tensor(self, site, name, tensor, n_heads)
+            if part.rewrites and replaced is not None:
+                tensor = replaced
+        return tensor
 
-    def consume_scores(self, site: Site, scores: torch.Tensor) -> None:
-        """Pre-softmax scores ``[batch, head, query, key]`` of ``site``."""
-        for part in self.parts:
-            part.on_scores(self, site, scores)
+    def blocked(self, site: Site, shape: torch.Size,
+                allowed: torch.Tensor | None) -> torch.Tensor | None:
+        """``[batch, head, query, key]`` bool: the edges the knockouts block at ``site``
+        (None: none); ``allowed`` (broadcastable, or None for all) is what the model's own
+        mask lets each row see. A real row left with no key is an error."""
+        masks = [m for part in self.knockouts if (m := part.blocked(self, site, shape))
+                 is not None]
+        if not masks:
+            return None
+        blocked = masks[0]
+        for mask in masks[1:]:
+            blocked = blocked | mask
+        seen = torch.ones(shape, dtype=torch.bool, device=blocked.device) if allowed is None \
+            else torch.broadcast_to(allowed.to(blocked.device), shape)
+        self.knocked_out += int((blocked & seen).sum())
+        left = (seen & ~blocked).any(-1)  # [batch, head, query]
+        real = self.query_valid(site, shape[0], shape[2]).to(left.device)[:, None, :]
+        if not bool((left | ~real | ~seen.any(-1)).all()):
+            b, h, q = (~left & real & seen.any(-1)).nonzero()[0].tolist()
+            raise InputError(f"the knockout at {site.path} blocks every key query {q} of "
+                             f"example {b} may read (head {h}); a row needs a key left")
+        return blocked
 
     def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
                 q_total: int | None = None, visible: torch.Tensor | None = None) -> None:
@@ -324,9 +351,12 @@ class Recorder:
             raise HookNotFiredError(f"attention at {', '.join(s.path for s in missing)} never "
                                     "ran; check the paths/layers or that the model calls these "
                                     "modules")
-        edits = self.edit is not None or self.edit_output is not None
-        if edits and not any(v > 0 for v in self.edit_changes.values()):
+        if any(p.rewrites for p in self.parts) and not any(
+                v > 0 for v in self.edit_changes.values()):
             raise EditNotAppliedError("the edit left every attention pattern unchanged "
+                                      f"(layers {sorted({s.layer for s in self.fired})})")
+        if self.knockouts and not self.knocked_out:
+            raise EditNotAppliedError("the knockout blocked no edge a query could read "
                                       f"(layers {sorted({s.layer for s in self.fired})})")
 
     def sequences(self) -> list[ForwardCall]:

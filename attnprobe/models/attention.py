@@ -7,6 +7,11 @@ every module passes them through two hook points:
   ALiBi's) ``[batch, head, query, key]``
 - ``hook_pattern``: post-softmax weights                             ``[batch, head, query, key]``
 
+Multi-head modules also pass their queries, keys and values (after rotary embeddings, before
+grouped heads are repeated) and their per-head outputs through ``hook_q`` ``[batch, head,
+query, d]``, ``hook_k`` / ``hook_v`` ``[batch, kv_head, key, d]`` and ``hook_z`` ``[batch, head,
+query, d]`` (TransformerLens' names), the seams of activation patching.
+
 A forward hook on either can read the tensor or return a replacement (the edit seam).
 """
 
@@ -183,6 +188,15 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.hook_scores = HookPoint()  # [batch, head, query, key], pre-softmax
         self.hook_pattern = HookPoint()  # [batch, head, query, key], post-softmax
+        self.hook_q = HookPoint()  # [batch, head, query, d_head]
+        self.hook_k = HookPoint()  # [batch, kv_head, key, d_head]
+        self.hook_v = HookPoint()  # [batch, kv_head, key, d_head]
+        self.hook_z = HookPoint()  # [batch, head, query, d_head], per-head outputs
+
+    def hooked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values through ``hook_q`` / ``hook_k`` / ``hook_v``."""
+        return self.hook_q(q), self.hook_k(k), self.hook_v(v)
 
     def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """``[batch, seq, n * d_head]`` -> ``[batch, n, seq, d_head]``."""
@@ -220,6 +234,7 @@ class MultiHeadAttention(nn.Module):
     def merge(self, z: torch.Tensor) -> torch.Tensor:
         """Heads back to the model width: ``[batch, head, query, d_head]`` -> ``out_proj`` of
         ``[batch, query, head * d_head]`` -> ``[batch, query, d_model]``."""
+        z = self.hook_z(z)
         batch, _, n_query, _ = z.shape
         z = z.transpose(1, 2).reshape(batch, n_query, self.n_heads * self.d_head)
         return self.out_proj(z)
@@ -247,7 +262,7 @@ class MultiHeadAttention(nn.Module):
             ``[batch, query, d_model]``.
         """
         # q [batch, head, query, d_head]; k, v [batch, kv_head, key, d_head]
-        q, k, v = self.project(x, context)
+        q, k, v = self.hooked(*self.project(x, context))
         k, v = self.expand_kv(k), self.expand_kv(v)  # [batch, head, key, d_head]
         mask = self.build_mask(
             attn_mask,

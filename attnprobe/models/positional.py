@@ -142,6 +142,7 @@ class PositionalAttention(MultiHeadAttention):
         if self.rope:
             pos = torch.arange(seq, device=x.device) if positions is None else positions
             q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        q, k, v = self.hooked(q, k, v)
         # GQA as in expand_kv, but always a copy (also for group 1): contiguous k and v keep
         # the gradients bit-identical to the earlier versions of these models
         group = self.n_heads // self.n_kv_heads

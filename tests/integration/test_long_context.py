@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture import hf, parts
+from attnprobe.capture import attend, hf, parts
 from attnprobe.errors import InputError
 from attnprobe.heads.retrieval import copy_accuracy, retrieval_scores
 from attnprobe.models.induction import N_SYMBOLS, repeated_segments
@@ -240,7 +240,7 @@ def test_census_streams_a_long_context_in_row_blocks(spied_blocks, monkeypatch):
     model, tok = _tiny_causal_lm(n)
     text = _random_text(tok, n - 1)  # + [BOS]
     rows = 32
-    monkeypatch.setattr(hf, "BLOCK_BYTES", 4 * n * 4 * rows)  # heads x keys x float32 x rows
+    monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * rows)  # heads x keys x float32 x rows
     streamed = ap.heads.census(model, tok, [text], similarity=False, repeated=False)
     assert blocks and all(shape[2] <= rows < n and shape[3] == n for shape in blocks)
     assert sum(shape[2] for shape in blocks) == 2 * n  # every row of both layers, once
@@ -256,7 +256,7 @@ def test_census_pools_offsets_beyond_max_offset_into_far(monkeypatch):
     n = 128
     model, tok = _tiny_causal_lm(n)
     text = _random_text(tok, n - 1)  # + [BOS]
-    monkeypatch.setattr(hf, "BLOCK_BYTES", 4 * n * 4 * 16)  # streamed, 16 rows a block
+    monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * 16)  # streamed, 16 rows a block
     pooled = ap.heads.census(model, tok, [text], similarity=False, repeated=False)  # 64
     every = ap.heads.census(model, tok, [text], similarity=False, repeated=False,
                             max_offset=None)
@@ -288,7 +288,7 @@ def test_retrieval_streams_and_equals_whole_rows(spied_blocks, monkeypatch):
     whole = retrieval_scores(model, tok, texts, copied_only=True)
     assert max(shape[2] for shape in blocks) == n  # 16 MiB hold every row of this input
     blocks.clear()
-    monkeypatch.setattr(hf, "BLOCK_BYTES", 4 * n * 4 * 8)
+    monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * 8)
     streamed = retrieval_scores(model, tok, texts, copied_only=True)
     assert max(shape[2] for shape in blocks) == 8
     assert streamed.equals(whole)

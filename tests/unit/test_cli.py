@@ -390,11 +390,12 @@ def test_extract_generate_bad_input_is_one_line(argv, message, capsys, tmp_path)
     assert err.startswith("attnprobe: error:") and message in err and "\n" not in err
 
 
-def test_a_warning_is_one_line_like_an_error(capsys):
+def test_a_warning_is_one_line_like_an_error(capsys, tmp_path):
     """A probe longer than ref:induction was trained on warns (and runs): the command prints
     the warning as one line, not Python's file/line/source form."""
     code, _, err = run_cli(["heads", "--model", "ref:induction", "--text", "t01 t02 t03 t04",
-                            "--probe-length", "30", "--no-similarity", "--quiet"], capsys)
+                            "--probe-length", "30", "--no-similarity", "--quiet",
+                            "--out", str(tmp_path / "heads.csv")], capsys)
     assert code == 0
     lines = [line for line in err.splitlines() if "warning" in line]
     assert len(lines) == 1 and lines[0].startswith("attnprobe: warning: probe length 30 ")

@@ -71,7 +71,7 @@ def test_registrations_are_removed_on_exit(bert):
 
 
 def test_a_real_query_row_with_no_open_key_is_an_error():
-    from attnprobe.capture.hf import _additive_rows, _visible_keys
+    from attnprobe.capture.attend import _additive_rows, _visible_keys
     from attnprobe.capture.sites import Site
 
     site = Site(path="layers.0.attn", stack="layers", kind="self", layer=0)

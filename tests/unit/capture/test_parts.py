@@ -26,7 +26,8 @@ from tests.unit.capture.tiny import batch, eager_attentions, eager_maps, hidden,
 
 EVERY = set(SEAMS)
 SERVED = {Keep: EVERY, Reduce: EVERY, Edit: EVERY, Live: EVERY,
-          EditOutput: {"hf"}, Values: {"hf"}, Scores: {"modules", "hook_points", "paths"}}
+          EditOutput: {"hf", "hook_points", "paths"}, Values: {"hf"},
+          Scores: {"modules", "hook_points", "paths"}}
 
 
 def test_every_part_declares_its_seams():
@@ -71,7 +72,6 @@ def _refused(model, inputs, match, **kwargs):
 @pytest.mark.parametrize(("kwargs", "match"), [
     (dict(values=True), r"values works through transformers' attention interface.*through "
                         r"hook points"),
-    (dict(edit_output=lambda layer, out: out * 0), r"edit_output works through transformers"),
     (dict(parts=[Keep(), Values()]), "values works through"),
 ])
 def test_hf_only_parts_are_refused_on_hook_points_before_any_forward(ref, kwargs, match):

@@ -1,0 +1,333 @@
+"""The attention function the HuggingFace seam registers: what happens at a captured site.
+
+transformers calls it for every attention module that routes through its attention interface
+(``query`` ``[batch, head, q, d]``, ``key`` / ``value`` ``[batch, kv_head, k, d]``). For a
+module no open capture asked for, it calls the model's original backend (SDPA by default), so
+unscoped layers cost nothing extra. For a scoped module it runs, in named cases
+(:func:`_attend`): the parts that read or rewrite q, k and v; a lean stand-in for a plain
+KV-cache decoding step; else the model's *own* ``eager_attention_forward`` — so the weights are
+exactly the eager ones, with every model quirk (GPT-2 scaling, T5 position bias, learned
+sinks ...) — with knockouts in its mask, on all rows at once or on blocks of rows for
+streaming reducers; then the weights and the per-head outputs go through the parts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnprobe.capture.decode_step import lean_step, plain_step_kwargs, same_as_eager
+from attnprobe.capture.recorder import Recorder, open_recorders
+from attnprobe.capture.sites import Site
+from attnprobe.core.optional import require
+from attnprobe.errors import AttentionUnavailableError, InputError
+
+__all__ = ["BLOCK_BYTES", "attnprobe_attention"]
+
+BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever the input length
+_EAGER_HOME: dict[type, Any] = {}  # attention class -> the module of its eager function
+
+
+def _eager_of(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The model's own eager attention function (defined next to its attention class; the
+    module defining it is found once per class: a decoding step asks for every layer)."""
+    home = _EAGER_HOME.get(type(module))
+    fn = getattr(home, "eager_attention_forward", None) if home is not None else None
+    if fn is not None:
+        return fn
+    for cls in type(module).__mro__:
+        home = sys.modules.get(cls.__module__)
+        fn = getattr(home, "eager_attention_forward", None)
+        if fn is not None:
+            _EAGER_HOME[type(module)] = home
+            return fn
+    raise AttentionUnavailableError(
+        f"{type(module).__name__} has no eager_attention_forward in its module; "
+        "capture it with paths=[...] instead")
+
+
+def _backend(name: str, module: nn.Module) -> Callable[..., Any]:
+    if name == "eager":
+        return _eager_of(module)
+    transformers = require("transformers")
+    return transformers.AttentionInterface().get_interface(name, _eager_of(module))
+
+
+def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: int,
+                   causal: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """Rows ``[batch|1, 1, rows, key]`` of the eager (additive) mask equivalent to ``mask``.
+
+    ``mask`` is what the delegate's mask function produced: boolean (True = attend),
+    additive float, or None (then ``causal`` says whether SDPA would have used ``is_causal``).
+    """
+    if mask is None and not causal:
+        return None
+    low = torch.finfo(dtype).min
+    if mask is None:
+        q_idx = torch.arange(q_len, device=device)[rows, None]
+        allowed = q_idx >= torch.arange(k_len, device=device)[None, :]
+        return torch.where(allowed, 0.0, low).to(dtype)[None, None]
+    block = mask[..., rows, :]
+    if block.dtype == torch.bool:
+        return torch.where(block, torch.zeros((), dtype=dtype, device=device), low)
+    return block.to(dtype)
+
+
+def _visible_keys(additive: torch.Tensor | None, q_valid: Callable[[], torch.Tensor],
+                  rows: int, k_len: int, site: Site) -> torch.Tensor:
+    """``[batch|1, rows]``: how many keys each query row may attend to under the mask.
+
+    A real query row with no key left to attend to is an input error, not a uniform row.
+    """
+    if additive is None:
+        return torch.full((1, rows), k_len)
+    open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
+    visible = open_keys[:, 0].sum(-1).expand(-1, rows)
+    empty = visible == 0
+    if empty.any():  # padding rows may be closed; a real token's row may not
+        closed = empty & q_valid().to(visible.device)
+        if closed.any():
+            b, q = closed.nonzero()[0].tolist()
+            raise InputError(f"query {q} of example {b} at {site.path} is fully masked "
+                             "(no key it may attend to)")
+    return visible.cpu()
+
+
+def _has_learned_sink(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the module's softmax has a learned sink column that it drops (GPT-OSS's
+    ``sinks``, passed as ``s_aux`` or ``sinks``): its rows then sum to less than 1."""
+    return any(kwargs.get(name) is not None for name in ("s_aux", "sinks")) \
+        or isinstance(getattr(module, "sinks", None), torch.Tensor)
+
+
+def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, q, k] @ [batch, kv_head, k, d]`` -> ``[batch, q, head, d]`` (GQA-aware)."""
+    groups = pattern.shape[1] // value.shape[1]
+    if groups > 1:
+        value = value.repeat_interleave(groups, dim=1)
+    return torch.matmul(pattern, value.to(pattern.dtype)).transpose(1, 2).contiguous()
+
+
+def _decoding_step(takers: list[tuple[Recorder, Site]], module: nn.Module, query: torch.Tensor,
+                   key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One unmasked KV-cache step through :func:`~attnprobe.capture.decode_step.lean_step`,
+    once the site's first step showed it equal to the eager function (None: use eager)."""
+    recorder, site = takers[0]
+    fact = (site, "lean_step")
+    verdict = recorder.site_facts.get(fact)
+    if verdict is False:
+        return None
+    try:
+        lean = lean_step(query, key, value, kwargs.get("scaling"))
+    except RuntimeError:
+        if verdict is None:  # a layout the stand-in does not fit: eager for this site
+            recorder.site_facts[fact] = False
+            return None
+        raise
+    if verdict is None:
+        extra = {name: v for name, v in kwargs.items() if name not in ("is_causal", "dropout")}
+        eager = _eager_of(module)(module, query, key, value, None, dropout=0.0, **extra)
+        recorder.site_facts[fact] = verdict = same_as_eager(lean, eager)
+        if not verdict:
+            return None
+    output, weights = lean
+    visible = torch.full((1, 1), key.shape[2])
+    for taker, taker_site in takers:
+        taker.consume(taker_site, weights, 0, 1, visible)
+    return output, weights
+
+
+@dataclass
+class _Eager:
+    """The model's eager attention function with everything prepared for one call: the
+    additive mask (in the dtype eager's own mask function uses: bit-identical weights),
+    dropout taken out (weights are captured before it), the position bias cut per row
+    block, and the capturing recorders' knockouts."""
+
+    takers: list[tuple[Recorder, Site]]
+    module: nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: torch.Tensor | None
+    causal: bool
+    dropout: float
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def prepare(cls, takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Module,
+                query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, kwargs: dict[str, Any]) -> _Eager:
+        # SDPA's mask function hands over no mask for a plain causal batch: is_causal says it
+        is_causal = kwargs.pop("is_causal", None)
+        causal = False
+        if delegate == "sdpa" and attention_mask is None:
+            is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+            causal = bool(is_causal) and query.shape[2] > 1
+        dropout = float(kwargs.pop("dropout", 0.0) or 0.0)
+        dropout = dropout if module.training else 0.0
+        return cls(takers, module, query, key, value, attention_mask, causal, dropout, kwargs)
+
+    @property
+    def site(self) -> Site:
+        return self.takers[0][1]
+
+    def mask_dtype(self) -> torch.dtype:
+        recorder, site = self.takers[0]
+        dtype = recorder.site_facts.get((site, "mask_dtype"))
+        if dtype is None:  # the model's (also under autocast, where the query is lower)
+            param = next(self.module.parameters(), None)
+            dtype = param.dtype if param is not None and param.is_floating_point() \
+                else self.query.dtype
+            recorder.site_facts[(site, "mask_dtype")] = dtype
+        return dtype
+
+    def run(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows ``rows`` of the queries: output ``[batch, rows, head, d]``, weights ``[batch,
+        head, rows, key]`` and the keys each row could see ``[batch|1, rows]``."""
+        recorder, site = self.takers[0]
+        batch, n_heads, q_len, _ = self.query.shape
+        k_len = self.key.shape[2]
+        mask = _additive_rows(self.attention_mask, rows, q_len, k_len, self.causal,
+                              self.mask_dtype(), self.query.device)
+        n_rows = len(range(q_len)[rows])
+        visible = _visible_keys(mask, lambda: recorder.query_valid(site, batch, q_len)[:, rows],
+                                n_rows, k_len, site)
+        mask = self._knocked_out(mask, (batch, n_heads, n_rows, k_len))
+        extra = dict(self.kwargs)
+        bias = extra.get("position_bias")
+        if bias is not None and bias.shape[-2] == q_len:
+            extra["position_bias"] = bias[..., rows, :]
+        output, weights = _eager_of(self.module)(self.module, self.query[:, :, rows], self.key,
+                                                 self.value, mask, dropout=0.0, **extra)
+        return output, weights, visible
+
+    def _knocked_out(self, mask: torch.Tensor | None, shape: tuple[int, ...]
+                     ) -> torch.Tensor | None:
+        """The additive mask with the knockouts' blocked edges closed (rows renormalise over
+        the keys they keep; keys the model masks stay masked)."""
+        low = torch.finfo(self.mask_dtype()).min
+        allowed = None if mask is None else mask > low / 2
+        blocked = None
+        for taker, site in self.takers:
+            if taker.knockouts:
+                mine = taker.blocked(site, torch.Size(shape), allowed)
+                blocked = mine if blocked is None or mine is None else blocked | mine
+        if blocked is None:
+            return mask
+        base = torch.zeros(shape, dtype=self.mask_dtype(), device=self.query.device) \
+            if mask is None else mask.expand(shape)
+        return base.masked_fill(blocked.to(base.device), low)
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row at once: the weights go through the rewriting parts (edits), then to
+        every part; the output is recomputed from edited weights, then per-head outputs go
+        through their parts."""
+        q_len = self.query.shape[2]
+        output, weights, visible = self.run(slice(0, q_len))
+        n_heads = weights.shape[1]
+        edited = False
+        for taker, site in self.takers:
+            if taker.takes("pattern"):
+                weights = taker.tensor(site, "pattern", weights, n_heads)
+                edited = edited or taker.rewrites("pattern")
+            taker.consume(site, weights, 0, q_len, visible)
+        if edited or self.dropout > 0:  # dropout when training, on the way to the values
+            dropped = nn.functional.dropout(weights, p=self.dropout, training=True) \
+                if self.dropout else weights
+            output = _weights_times_values(dropped, self.value)
+            if edited and not torch.isfinite(output).all():  # e.g. weights × values > 65504
+                raise InputError(f"the edited weights at {self.site.path} overflow the "
+                                 f"model's {str(output.dtype).removeprefix('torch.')} when "
+                                 "applied to the values")
+        for taker, site in self.takers:
+            if taker.takes("z"):  # [batch, q, head, d] <-> per head [batch, head, q, d]
+                output = taker.tensor(site, "z", output.transpose(1, 2), n_heads).transpose(1, 2)
+        return output.contiguous(), weights
+
+    def streamed(self, block: int) -> tuple[torch.Tensor, None]:
+        """Blocks of ``block`` query rows, handed to the parts as they come: a long input's
+        ``[query, key]`` weights never exist whole."""
+        q_len = self.query.shape[2]
+        outputs = []
+        for start in range(0, q_len, block):
+            out, weights, visible = self.run(slice(start, start + block))
+            for taker, site in self.takers:
+                taker.consume(site, weights, start, q_len, visible)
+            outputs.append(out)
+            del weights
+        return torch.cat(outputs, dim=1), None
+
+
+def _hand_over_qkv(takers: list[tuple[Recorder, Site]], query: torch.Tensor,
+                   key: torch.Tensor, value: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values to the parts that read or rewrite them (innermost capture
+    first); what the rewriting parts left."""
+    n_heads = query.shape[1]
+    for taker, site in takers:
+        if taker.takes("q"):
+            query = taker.tensor(site, "q", query, n_heads)
+        if taker.takes("k"):
+            key = taker.tensor(site, "k", key, n_heads)
+        if taker.takes("v"):
+            value = taker.tensor(site, "v", value, n_heads)
+    return query, key, value
+
+
+def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Module,
+            query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention for the recorders that asked for this site (innermost capture first), in
+    named cases:
+
+    1. queries, keys and values go to the parts that read or rewrite them;
+    2. a KV-cache decoding step with nothing to mask or change runs a lean stand-in of the
+       eager function (checked equal to it on the site's first step): generation stays fast;
+    3. otherwise the model's own eager function, with knockouts in the mask: all rows at once
+       when a part needs them (maps, edits, dropout, per-head outputs), or blocks of rows
+       for streaming reducers on long inputs.
+    """
+    query, key, value = _hand_over_qkv(takers, query, key, value)
+    if _has_learned_sink(module, kwargs):
+        for taker, taker_site in takers:
+            taker.learned_sinks.add(taker_site)
+    if query.shape[2] == 1 and attention_mask is None and delegate == "sdpa" \
+            and plain_step_kwargs(kwargs) and not any(r.changes_forward or r.takes("z")
+                                                      for r, _ in takers):
+        stepped = _decoding_step(takers, module, query, key, value, kwargs)
+        if stepped is not None:
+            return stepped
+    eager = _Eager.prepare(takers, delegate, module, query, key, value, attention_mask, kwargs)
+    batch, n_heads, q_len, _ = query.shape
+    auto = max(1, BLOCK_BYTES // (batch * n_heads * key.shape[2] * query.element_size()))
+    block = min(r.query_block or auto for r, _ in takers)
+    whole = any(r.needs_whole or r.knockouts or r.takes("z") for r, _ in takers) \
+        or eager.dropout > 0
+    if whole or q_len <= block:
+        return eager.whole()
+    return eager.streamed(block)
+
+
+def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                        delegate: str, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered attention function (``query`` ``[batch, head, q, d]``)."""
+    takers = []
+    for recorder in reversed(open_recorders()):  # innermost capture first
+        base = recorder.site_of(module) if recorder.site_of is not None else None
+        if base is None:
+            continue
+        site = recorder.next_site(module, base)
+        if recorder.needs_weights and recorder.wants(site):
+            takers.append((recorder, site))
+    if takers:
+        return _attend(takers, delegate, module, query, key, value, attention_mask, **kwargs)
+    return _backend(delegate, module)(module, query, key, value, attention_mask, **kwargs)
