@@ -98,11 +98,21 @@ def _visible_keys(additive: torch.Tensor | None, q_valid: Callable[[], torch.Ten
     return visible.cpu()
 
 
-def _has_learned_sink(module: nn.Module, kwargs: dict[str, Any]) -> bool:
-    """Whether the module's softmax has a learned sink column that it drops (GPT-OSS's
-    ``sinks``, passed as ``s_aux`` or ``sinks``): its rows then sum to less than 1."""
-    return any(kwargs.get(name) is not None for name in ("s_aux", "sinks")) \
-        or isinstance(getattr(module, "sinks", None), torch.Tensor)
+def _note_learned_sink(takers: list[tuple[Recorder, Site]], module: nn.Module,
+                       kwargs: dict[str, Any]) -> None:
+    """Mark the sites whose softmax has a learned sink column that it drops (GPT-OSS's
+    ``sinks``, passed as ``s_aux`` or ``sinks``): their rows sum to less than 1. Asked once
+    per site (a decoding step asks every layer)."""
+    recorder, site = takers[0]
+    fact = (site, "learned_sink")
+    sink = recorder.site_facts.get(fact)
+    if sink is None:
+        sink = recorder.site_facts[fact] = any(
+            kwargs.get(name) is not None for name in ("s_aux", "sinks")) \
+            or isinstance(getattr(module, "sinks", None), torch.Tensor)
+    if sink:
+        for taker, taker_site in takers:
+            taker.learned_sinks.add(taker_site)
 
 
 def _weights_times_values(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -296,9 +306,7 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
        for streaming reducers on long inputs.
     """
     query, key, value = _hand_over_qkv(takers, query, key, value)
-    if _has_learned_sink(module, kwargs):
-        for taker, taker_site in takers:
-            taker.learned_sinks.add(taker_site)
+    _note_learned_sink(takers, module, kwargs)
     if query.shape[2] == 1 and attention_mask is None and delegate == "sdpa" \
             and plain_step_kwargs(kwargs) and not any(r.changes_forward or r.takes("z")
                                                       for r, _ in takers):
@@ -325,7 +333,7 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
         base = recorder.site_of(module) if recorder.site_of is not None else None
         if base is None:
             continue
-        site = recorder.next_site(module, base)
+        site = recorder.next_site(module, base, query)
         if recorder.needs_weights and recorder.wants(site):
             takers.append((recorder, site))
     if takers:

@@ -4,10 +4,11 @@ weights it produced; shared by the recorder and the analyses that read whole bat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from attnprobe.capture.runs import Runs
+from attnprobe.capture.runs import Run, Runs
 from attnprobe.capture.sites import Site
 
 Side = str  # "main" | "decoder"
@@ -38,6 +39,10 @@ class ForwardCall:
     # site -> {"q" | "k" | "v" | "z": [batch, head|kv_head, position, d_head]}
     activations: dict[Site, dict[str, torch.Tensor]] = field(default_factory=dict)
     runs: Runs = field(default_factory=Runs)  # which run of which module each site is
+    # id(module) -> (weak reference to the query of its last attention call, that run; None
+    # for a first run that is the module's own site)
+    last_query: dict[int, tuple[Any, Run | None]] = field(default_factory=dict)
+    module_runs: dict[int, Run] = field(default_factory=dict)  # id(module) -> its last run
 
     def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:
         """Which of ``length`` positions are real tokens of ``side``: ``[batch, length]`` bool,

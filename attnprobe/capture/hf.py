@@ -138,25 +138,6 @@ def _switched(model: nn.Module, name: str) -> Iterator[None]:
                     config._attn_implementation_internal = implementation
 
 
-def _run_hooks(model: nn.Module, recorder: Recorder, sites: list[Site]) -> list[Any]:
-    """Hooks that mark each run of an interface site's module (:mod:`attnprobe.capture.runs`)."""
-    handles = []
-    for site in sites:
-        module = model.get_submodule(site.path)
-
-        def start(module: nn.Module, args: tuple, base: Site = site) -> None:
-            if recorder.is_open:
-                recorder.start_run(module, base)
-                recorder.ran.add(base)
-
-        def end(module: nn.Module, args: tuple, output: Any) -> None:
-            recorder.end_run(module)
-
-        handles.append(module.register_forward_pre_hook(start))
-        handles.append(module.register_forward_hook(end, always_call=True))
-    return handles
-
-
 @contextmanager
 def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
     """Capture every attention site of ``model``: through the attnprobe attention function
@@ -183,8 +164,6 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
             recorder.site_of = _Sites(model, interface).site_of
             name = stack.enter_context(_registered(delegate))
             stack.enter_context(_switched(model, name))
-            for handle in _run_hooks(model, recorder, interface):
-                stack.callback(handle.remove)
         if own:
             stack.enter_context(module_seam(model, recorder, own))
         yield [s for s in sites if recorder.wants(s)]

@@ -15,6 +15,7 @@ forwards.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -247,18 +248,48 @@ class Recorder:
 
     # --------------------------------------------------------------- runs
     def start_run(self, module: nn.Module, base: Site) -> Run:
-        """A run of ``module`` (whose site is ``base``) begins in the current forward."""
-        run = self.active[id(module)] = self.current.runs.start(base)
+        """A run of ``module`` (whose site is ``base``) begins in the current forward (the
+        module seam's hooks mark them)."""
+        call = self.current
+        run = call.runs.start(base, call.module_runs.get(id(module)))
+        self.active[id(module)] = call.module_runs[id(module)] = run
         return run
 
     def end_run(self, module: nn.Module) -> None:
         self.active.pop(id(module), None)
 
-    def next_site(self, module: nn.Module, base: Site) -> Site:
-        """The site of the attention ``module`` computes now: the next computation of its run
-        in progress (:mod:`attnprobe.capture.runs`), or ``base`` outside a run."""
-        run = self.active.get(id(module))
-        return run.next_site() if run is not None else base
+    def next_site(self, module: nn.Module, base: Site, query: torch.Tensor | None = None
+                  ) -> Site:
+        """The site of the attention ``module`` (whose site is ``base``) computes now
+        (:mod:`attnprobe.capture.runs`): the next computation of its run in progress (the
+        module seam marks runs with hooks), or, for the attention function, a new run unless
+        the module's last call in this forward passed this very ``query`` tensor (two
+        softmaxes of one run, as differential attention makes; a query tensor that has been
+        freed since cannot be this one, whatever its address)."""
+        key = id(module)
+        run = self.active.get(key)
+        if run is not None:
+            return run.next_site()
+        call = self.calls[-1] if self.calls else self.current
+        last = call.last_query.get(key)
+        if last is None and (base.stack, base.kind) not in call.runs.looped:
+            # the module's first attention call in this forward, in a stack that has not
+            # looped: its own site (the common case, every layer of every decoding step)
+            self.ran.add(base)
+            if query is not None:
+                call.last_query[key] = (weakref.ref(query), None)
+            call.runs.reached(base)
+            return base
+        if last is not None and query is not None and last[0]() is query:
+            if last[1] is None:  # a second softmax of the module's first run
+                run = Run(base, parts=1)
+                call.last_query[key] = (last[0], run)
+                return run.next_site()
+            return last[1].next_site()
+        previous = None if last is None else (last[1] or Run(base))
+        run = call.runs.start(base, previous)
+        call.last_query[key] = (None if query is None else weakref.ref(query), run)
+        return run.next_site()
 
     def query_valid(self, site: Site, batch: int, q_len: int) -> torch.Tensor:
         return self.current.valid_mask(site.side, batch, q_len)

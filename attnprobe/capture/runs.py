@@ -11,6 +11,11 @@ Most models run each attention module once per forward, and a module's site
 - **several attention computations in one run** (differential attention's two softmaxes):
   the first is the layer's attention; the k-th after it is kept apart, on the stack
   ``"<stack>#<k+1>"`` (``layers#2``), so it never mixes with the first.
+
+The module seam marks each run with the module's forward hooks. The attention function needs
+no hook (a hook on every attention module would cost each decoding step): a call of a module's
+attention is a new run unless it passes the very query tensor of the module's last call in
+this forward (differential attention calls twice with one query).
 """
 
 from __future__ import annotations
@@ -46,18 +51,24 @@ class Run:
 class Runs:
     """Runs of every attention module in one forward call (module docstring)."""
 
-    count: dict[Site, int] = field(default_factory=dict)
     deepest: dict[tuple[str, str], int] = field(default_factory=dict)
     looped: set[tuple[str, str]] = field(default_factory=set)
 
-    def start(self, base: Site) -> Run:
-        """A run of the module whose site is ``base`` begins."""
+    def reached(self, base: Site) -> None:
+        """The module whose site is ``base`` ran for the first time, as itself."""
         key = (base.stack, base.kind)
-        before = self.count.get(base, 0)
-        self.count[base] = before + 1
+        if base.layer > self.deepest.get(key, -1):
+            self.deepest[key] = base.layer
+
+    def start(self, base: Site, previous: Run | None = None) -> Run:
+        """A run of the module whose site is ``base`` begins; ``previous``: its last run in
+        this forward, if it ran before."""
+        key = (base.stack, base.kind)
         site = base
-        if before or key in self.looped:
+        if previous is not None or key in self.looped:
             self.looped.add(key)
-            site = replace(base, layer=self.deepest.get(key, -1) + 1, call=before)
-        self.deepest[key] = max(self.deepest.get(key, -1), site.layer)
+            call = 0 if previous is None else previous.site.call + 1
+            site = replace(base, layer=self.deepest.get(key, -1) + 1, call=call)
+        if site.layer > self.deepest.get(key, -1):
+            self.deepest[key] = site.layer
         return Run(site)

@@ -33,6 +33,15 @@ class Site:
     side: Literal["main", "decoder"] = "main"
     call: int = 0
 
+    def __post_init__(self) -> None:
+        # sites key the recorder's dicts at every attention call (each decoding step, each
+        # layer): hash the fields once
+        object.__setattr__(self, "_hash", hash((self.path, self.stack, self.kind, self.layer,
+                                                self.side, self.call)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.stack, self.kind, self.layer)
