@@ -2,7 +2,7 @@
 
 Result classes live on low floors (``AttentionMap`` in ``types``, ``Census`` and ``Diff`` in
 ``heads``, ``Comparison`` in ``attribution``, the perturbation table in ``perturb``); their
-HTML is drawn by the report floor (:mod:`attnprobe.report.notebook`). A floor must not import
+HTML is drawn by the report floor (:mod:`attnprobe.report.views`). A floor must not import
 a higher one, so the dependency is inverted here: each class's ``_repr_html_`` is one line,
 ``return html_view.html(self, "<kind>")``, and the report floor registers one renderer per
 kind in :data:`RENDERERS`. Like an optional dependency
@@ -26,7 +26,7 @@ __all__ = ["PROVIDER", "RENDERERS", "attach", "html"]
 
 RENDERERS: Registry[Callable[[Any], str]] = Registry("notebook view")
 """kind -> function(object) -> a self-contained HTML fragment."""
-PROVIDER = "attnprobe.report.notebook"  # registers every renderer when imported
+PROVIDER = "attnprobe.report.views"  # registers every renderer when imported
 
 
 def html(obj: Any, kind: str) -> str | None:

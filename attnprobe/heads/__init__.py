@@ -29,7 +29,9 @@ from attnprobe.heads.census_stats import CensusStats
 from attnprobe.heads.checkpoint_diff import Diff, diff, diff_censuses
 from attnprobe.heads.copy_steps import CopySteps, find_copy_steps
 from attnprobe.heads.dependencies import SyntaxCounts, syntax
+from attnprobe.heads.direct_logits import LogitAttribution, logit_attribution
 from attnprobe.heads.head_census import Census, census
+from attnprobe.heads.head_composition import Composition, composition
 from attnprobe.heads.labels import (
     RULES,
     Thresholds,
@@ -39,6 +41,7 @@ from attnprobe.heads.labels import (
 )
 from attnprobe.heads.paired_attention import AttentionChange, attention_change
 from attnprobe.heads.probe import repeated_token_scores
+from attnprobe.heads.qk_ov import Circuits, Factored, circuits
 from attnprobe.heads.retrieval import RetrievalHits, copy_accuracy, retrieval_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.sinks import SinkRule
@@ -47,12 +50,13 @@ from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words
 
 __all__ = [
-    "REDUCERS", "RULES", "AttentionChange", "Census", "CensusStats", "CopySteps", "Diff",
-    "Entropy", "HeadDistances", "KeyMass", "MaxWeight", "OffsetMass", "Reducer",
-    "RetrievalHits", "RowBlock", "SinkRule", "SyntaxCounts", "Tally", "Thresholds", "Tree",
-    "align_tokens", "attention_change", "census", "classify", "classify_scores",
-    "cluster_heads", "copy_accuracy", "default_reducers", "diff", "diff_censuses",
-    "find_copy_steps", "label_counts", "layer_profile", "parse", "read_conllu",
-    "repeated_token_scores", "retrieval_scores", "summarize", "syntax", "tally_maps",
-    "to_words", "token_classes", "write_conllu",
+    "REDUCERS", "RULES", "AttentionChange", "Census", "CensusStats", "Circuits",
+    "Composition", "CopySteps", "Diff", "Entropy", "Factored", "HeadDistances", "KeyMass",
+    "LogitAttribution", "MaxWeight", "OffsetMass", "Reducer", "RetrievalHits", "RowBlock",
+    "SinkRule", "SyntaxCounts", "Tally", "Thresholds", "Tree", "align_tokens",
+    "attention_change", "census", "circuits", "classify", "classify_scores", "cluster_heads",
+    "composition", "copy_accuracy", "default_reducers", "diff", "diff_censuses",
+    "find_copy_steps", "label_counts", "layer_profile", "logit_attribution", "parse",
+    "read_conllu", "repeated_token_scores", "retrieval_scores", "summarize", "syntax",
+    "tally_maps", "to_words", "token_classes", "write_conllu",
 ]

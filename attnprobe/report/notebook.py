@@ -103,3 +103,4 @@ def report_html(report: Any) -> str:
     """A whole Report inside a sandboxed frame (its own styles and script stay inside)."""
     return str(render("iframe.html.j2", title=report.title, page=report.html,
                       height=REPORT_HEIGHT))
+

@@ -316,3 +316,46 @@ def test_attribution_top1_is_the_token_after_the_earlier_copy(trained, segments)
     assert chance < 0.06
     assert ig_hits / len(steps) > max(0.35, 8 * chance)
     assert axg_hits / len(steps) > max(0.6, 12 * chance)
+
+
+# --------------------------------------------------- direct logit attribution, composition
+def test_logit_attribution_at_copy_steps_sums_and_is_the_induction_heads(trained, segments,
+                                                                         labels):
+    model, tok = trained
+    second = ap.heads.logit_attribution(model, tok, segments.input_ids, "logit:next",
+                                        positions=segments.second_half)
+    with torch.no_grad():  # the metric from the model's own logits, read here
+        logits = model(segments.input_ids).double()
+    following = logits[:, :-1].gather(-1, segments.input_ids[:, 1:, None])[..., 0]
+    mask = segments.second_half[:, :-1]
+    expected = (following * mask).sum(-1) / mask.sum(-1)
+    sums = second.table.groupby("example_id")["value"].sum()
+    for b in range(len(expected)):
+        assert sums[str(b)] == pytest.approx(float(expected[b]), abs=1e-4, rel=1e-4)
+
+    induction = _heads(labels, "induction")
+    parts = second.by_component().set_index("component")["value"]
+    names = [f"L{layer}H{head}" for layer, head in induction]
+    carried = float(parts[names].sum())
+    assert carried > 0.8 * float(expected.mean())  # the induction heads write the answer
+    others = parts.drop(names)
+    assert min(parts[names]) > 3 * others.abs().max()
+    # the control: where nothing can be copied, the induction heads write little of it
+    first = ap.heads.logit_attribution(model, tok, segments.input_ids, "logit:next",
+                                       positions=segments.first_half)
+    control = first.by_component().set_index("component")["value"][names].sum()
+    assert control < 0.2 * carried
+
+
+def test_k_composition_from_previous_token_into_induction_heads_stands_out(trained, labels):
+    model, _ = trained
+    comp = ap.heads.composition(model)
+    assert comp.rope  # RoPE: the weight-based Q/K scores are approximate, and say so
+    table = comp.table.assign(ratio=comp.table["score"] / comp.table["baseline"])
+    ratio = table.set_index(["kind", "writer_layer", "writer_head", "reader_layer",
+                             "reader_head"])["ratio"]
+    for writer in _heads(labels, "previous"):
+        for reader in _heads(labels, "induction"):
+            k = ratio[("k", *writer, *reader)]
+            assert k > 1.5  # against random matrices of the same shapes
+            assert k > ratio[("q", *writer, *reader)] and k > ratio[("v", *writer, *reader)]
