@@ -42,6 +42,11 @@ class Site:
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
 
+    def __setstate__(self, state: dict) -> None:
+        # unpickled (e.g. gathered from another rank): a str hash is per process, recompute
+        self.__dict__.update(state)
+        self.__post_init__()
+
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.stack, self.kind, self.layer)

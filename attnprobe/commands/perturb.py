@@ -35,16 +35,28 @@ PERTURB_EXAMPLE = """examples:
       --eps 0.01 --out adversarial.csv
   attnprobe perturb --model minilm --text-file s.txt --experiment importance \\
       --target "similarity:A cat sits on the mat." --out importance.csv
+  attnprobe perturb --model ./my-lm --text-file s.txt --experiment knockout --edges "to:0" \\
+      --metric "logit:next" --positions all --sweep layer --out knockout.csv
+  attnprobe perturb --model ./my-lm --text-file s.txt --experiment ablate --sweep head \\
+      --metric "logit_diff:Paris,Rome" --out ablate_logit_diff.csv
 
 Experiments: permute (Jain & Wallace: N permutations per text, batched), dirichlet (random
 re-draws), uniform, ablate (zero the heads), mean (mean-ablation, transformers models),
 erase (Serrano & Smith: keys erased by attention, Integrated Gradients and random order),
 adversarial (Jain & Wallace: the most different attention within TVD eps), importance
-(Michel et al.: head importance and the pruning curve).
+(Michel et al.: head importance and the pruning curve), knockout (Geva et al. 2023: --edges
+blocked before the softmax, rows renormalised: to:POSITIONS, from:POSITIONS,
+last-to:POSITIONS, edge:Q>K[,Q>K]; positions count each text's real tokens, -1 or last = the
+last one; a token's edge to itself is kept by the named kinds).
+--metric: next-token (default: the distributional change of the output: tvd, jsd, flip,
+top_prob) or one number per text read before and after the perturbation: logit:T, prob:T,
+logprob:T, logit_diff:A,B, loss, logit:next (prob:next, logprob:next), next-token:ID; tokens
+are one token's string or its id. --positions (last, all, or a list such as 0,3,-1) says
+where it is read. uniform, ablate, mean, knockout, permute and dirichlet take a metric.
 Scopes: {scopes}; a repeated --scope merges.
---sweep head (uniform, ablate, mean) perturbs every head of the scope alone, batched: one row
-per head, text and metric, the rows of one run per head; --sweep layer does each layer's
-scoped heads together. --batch-size then counts texts x heads per forward.
+--sweep head (uniform, ablate, mean, knockout) perturbs every head of the scope alone,
+batched: one row per head, text and metric, the rows of one run per head; --sweep layer does
+each layer's scoped heads together. --batch-size then counts texts x heads per forward.
 Each experiment's own options are the flags whose help names it; a flag of another experiment
 is an error, and so is a flag that would change nothing (--target for an experiment that reads
 no target, --n-steps without an integrated_gradients ranking). permute and dirichlet show a
@@ -52,7 +64,8 @@ bar over the draws of every text with the time left: a run that would take hours
 once (lower --permutations / --draws). Under torchrun, --distributed splits the texts over the
 processes (same table).
 Writes one row per text, perturbation and metric: experiment, perturbation, scope, layer,
-head, example_id, step, metric, baseline, perturbed, change, then one column per parameter.
+head, example_id, step, metric, baseline, perturbed, change, then one column per parameter
+(and positions, with a metric other than next-token).
 """
 
 
@@ -63,6 +76,19 @@ def _experiment(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown experiment {text!r}; choose one of "
                                          f"{', '.join(EXPERIMENTS.names())}")
     return text
+
+
+def _positions(text: str) -> Any:
+    """``--positions``: ``last``, ``all`` or comma-separated integers."""
+    text = text.strip()
+    if text in ("last", "all"):
+        return text
+    try:
+        found = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--positions must be 'last', 'all' or integers such "
+                                         f"as 0,3,-1; got {text!r}") from None
+    return found
 
 
 def _options() -> list[CliOption]:
@@ -134,7 +160,8 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     options = corpus_options(args)
     with distributed_group(args.distributed) as (rank, world):
         table = run(model, tokenizer, texts, args.experiment, output=args.output,
-                    target=args.target, max_length=args.max_length, distributed=world > 1,
+                    target=args.target, metric=args.metric, positions=args.positions,
+                    max_length=args.max_length, distributed=world > 1,
                     sweep=args.sweep, **options, **keywords)
         if rank != 0:
             return 0
@@ -167,15 +194,24 @@ def register(sub: Any) -> None:
                 seed_help="seeds permute, dirichlet, erase's random order and adversarial "
                           "(default 0); the other experiments draw nothing")
     parser.add_argument("--experiment", required=True, type=_experiment,
-                        help="permute, dirichlet, uniform, ablate, mean, erase, adversarial or "
-                             "importance")
+                        help="permute, dirichlet, uniform, ablate, mean, erase, adversarial, "
+                             "importance or knockout")
     parser.add_argument("--sweep", choices=SWEEPS,
-                        help="uniform/ablate/mean: perturb each head (or each layer's scoped "
-                             "heads) of the scope alone, batched; one row per head and text")
+                        help="uniform/ablate/mean/knockout: perturb each head (or each layer's "
+                             "scoped heads) of the scope alone, batched; one row per head and "
+                             "text")
     parser.add_argument("--output", default="auto",
                         choices=["auto", "classifier", "lm", "embedding"],
-                        help="what is compared: classifier probabilities, the next-token "
-                             "distribution, or the mean-pooled embedding (default: auto)")
+                        help="what the default metric compares: classifier probabilities, the "
+                             "next-token distribution, or the mean-pooled embedding (default: "
+                             "auto)")
+    parser.add_argument("--metric", default="next-token", metavar="SPEC",
+                        help="next-token (default: the distributional change), logit:T, prob:T, "
+                             "logprob:T, logit_diff:A,B, loss, logit:next, next-token:ID")
+    parser.add_argument("--positions", type=_positions, metavar="WHERE",
+                        help="where a --metric other than next-token is read: last "
+                             "(default; all for loss), all, or positions such as 0,3,-1 "
+                             "(counting real tokens)")
     for item in _options():
         parser.add_argument(item.flag, dest=item.name, type=_value_type(item.parse),
                             metavar=item.metavar,

@@ -234,9 +234,14 @@ def token_id(token: str | int, tokenizer: Any, spec: str) -> int:
         raise InputError(f"metric {spec} names the token {text!r}; pass a tokenizer or an id")
     vocab = getattr(tokenizer, "get_vocab", None)
     found = vocab().get(text) if callable(vocab) else None
+    unknown = InputError(f"metric {spec}: {text!r} is not in the tokenizer's vocabulary; name "
+                         "one token (its string or its id)")
     if found is None:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if callable(tokenizer) \
-            else []
+        try:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] \
+                if callable(tokenizer) else []
+        except TypeError:  # a word tokenizer without add_special_tokens: not in its vocab
+            raise unknown from None
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         if ids and isinstance(ids[0], list):
             ids = ids[0]
@@ -244,6 +249,9 @@ def token_id(token: str | int, tokenizer: Any, spec: str) -> int:
             raise InputError(f"metric {spec}: {text!r} is {len(ids)} tokens, not one; name one "
                              "token (its string or its id)")
         found = ids[0]
+    if found == getattr(tokenizer, "unk_token_id", None) \
+            and text != getattr(tokenizer, "unk_token", None):  # read as the unknown token
+        raise unknown
     return int(found)
 
 

@@ -23,11 +23,14 @@ from attnprobe.core.scope import Scope
 from attnprobe.perturb.adversarial import AdversarialResult, adversarial_attention
 from attnprobe.perturb.context import head_output_means, perturbed
 from attnprobe.perturb.draws import DirichletParams, PermuteParams
+from attnprobe.perturb.edges import EDGE_KINDS, EdgeMasks, parse_edges
 from attnprobe.perturb.experiments import (
     EXPERIMENTS,
     RUN_COLUMNS,
     SWEEPS,
+    knockout,
     params_of,
+    reads_metric,
     reads_target,
     run,
 )
@@ -43,6 +46,7 @@ from attnprobe.perturb.interventions import (
     describe,
     make_intervention,
 )
+from attnprobe.perturb.knockouts import KnockoutParams
 from attnprobe.perturb.measures import (
     attention_jsd,
     cosine_distance,
@@ -58,13 +62,14 @@ from attnprobe.perturb.pruning import ImportanceParams
 from attnprobe.perturb.searches import AdversarialParams, EraseParams
 
 __all__ = [
-    "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "SWEEPS", "AdversarialParams",
-    "AdversarialResult", "Dirichlet", "DirichletParams", "Erase", "EraseParams",
-    "ImportanceParams", "Mean", "Params", "Permute", "PermuteParams", "Scope", "Uniform", "Zero",
+    "EDGE_KINDS", "EXPERIMENTS", "INTERVENTIONS", "RUN_COLUMNS", "SWEEPS", "AdversarialParams",
+    "AdversarialResult", "Dirichlet", "DirichletParams", "EdgeMasks", "Erase", "EraseParams",
+    "ImportanceParams", "KnockoutParams", "Mean", "Params", "Permute", "PermuteParams", "Scope",
+    "Uniform", "Zero",
     "adversarial_attention",
     "attention_jsd", "attention_sizes", "cosine_distance", "decision_flip", "describe",
-    "head_importance", "head_output_means", "jsd", "logit_change", "make_intervention",
-    "output_change", "params_of", "perturbed", "prob_change", "pruning_curve", "reads_target",
-    "run",
+    "head_importance", "head_output_means", "jsd", "knockout", "logit_change",
+    "make_intervention", "output_change", "params_of", "parse_edges", "perturbed",
+    "prob_change", "pruning_curve", "reads_metric", "reads_target", "run",
     "similarity_loss", "tvd",
 ]

@@ -1,7 +1,10 @@
 """The random-draw experiments: ``permute`` (Jain & Wallace's permutations) and ``dirichlet``
 (Wiegreffe & Pinter's random re-draws). Per text, ``N`` draws of every scoped row, ``batch_size``
 draws per forward (one draw per batch row), summarised as the median / mean / max output
-change over the draws and the mean largest weight of a row after the draw.
+change over the draws and the mean largest weight of a row after the draw. With a scalar
+``metric`` (:mod:`attnprobe.perturb.scoring`), one row per summary (``summary`` column:
+median, mean, min, max of the perturbed metric over the draws; ``baseline`` the unperturbed
+metric).
 
 Draw ``j`` of text ``i`` uses its own CPU generator seeded from ``(seed, i, j)`` (``i`` the
 text's index in the caller's list), so neither the batching nor the split over processes
@@ -41,12 +44,13 @@ from attnprobe.perturb.job import (
     register_experiment,
 )
 from attnprobe.perturb.params import Params, option
-from attnprobe.perturb.readout import distances_of, mean_row_max, measure, row_max_sums
+from attnprobe.perturb.readout import distances_of, mean_row_max, row_max_sums
 
 __all__ = ["DirichletParams", "PermuteParams"]
 
 DISTANCE_BYTES = 8  # one float64 distance per draw and metric, kept for the median
 SUMMARIES = ("median", "mean", "max")
+SCALAR_SUMMARIES = ("median", "mean", "min", "max")  # a scalar metric moves both ways
 
 
 class _RowEdit:
@@ -111,13 +115,14 @@ def _per_text_draws(job: Job, intervention: Any, n: int) -> list[Row]:
 def _draws(job: Job, intervention: Any, n: int, i: int, text: str,
            bar: _DrawBar | None = None) -> list[Row]:
     """``n`` draws of ``intervention`` on text ``i``, ``job.batch_size`` per forward."""
-    metrics = distances_of(job.reader.kind)
+    metrics = (job.scalar.spec,) if job.scalar is not None else distances_of(job.reader.kind)
     inputs = job.encode([text])
     with named_errors(job, f"example {i}"):
-        before, cap = clean_output(job, inputs, keep=True)
+        before, cap = clean_output(job, inputs, keep=True, rows=[i])
         sums = [row_max_sums(m.pattern[None], m.pattern[None]) for m in cap.maps]  # per stack
         max_before = float(mean_row_max(sum(s[0] for s in sums), sum(s[1] for s in sums))[0])
         values = np.empty((len(metrics), n))  # [metric, draw]
+        baselines = np.zeros(len(metrics))
         max_after = 0.0
         for start in range(0, n, job.batch_size):
             count = min(n, start + job.batch_size) - start
@@ -128,12 +133,13 @@ def _draws(job: Job, intervention: Any, n: int, i: int, text: str,
             try:
                 with torch.no_grad(), capture(job.model, job.scope, keep=False, edit=edit):
                     output = job.model(**copies)
-                after = job.reader(output, copies).detach()
+                after = job.read(output, copies, [i] * count)
             except EditNotAppliedError:  # no draw moved any weight: exactly no change
                 after = before.expand(count, *before.shape[1:])
-            measures = measure(job.reader.kind, before, after)
+            measures = job.compare(before, after)
             for m, metric in enumerate(metrics):
                 values[m, start:start + count] = measures[metric][1].numpy()
+                baselines[m] = float(measures[metric][0][0])
             max_after += float(mean_row_max(*edit.after).sum())
             if bar is not None:
                 bar.update(count)
@@ -141,11 +147,16 @@ def _draws(job: Job, intervention: Any, n: int, i: int, text: str,
     scope, example = str(job.scope), str(i)
     rows = []
     for m, metric in enumerate(metrics):
-        summary = {"mean": values[m].mean(), "max": values[m].max()}
+        summary = {"mean": values[m].mean(), "max": values[m].max(), "min": values[m].min()}
         # last: the median reorders the values in place rather than copy N of them
         summary["median"] = np.median(values[m], overwrite_input=True)
-        rows += [Row(intervention.name, params, scope, example, None, f"{metric}_{stat}", 0.0,
-                     float(summary[stat])) for stat in SUMMARIES]
+        if job.scalar is None:  # distances: the summary is part of the metric's name
+            rows += [Row(intervention.name, params, scope, example, None, f"{metric}_{stat}",
+                         0.0, float(summary[stat])) for stat in SUMMARIES]
+        else:  # the metric's value over the draws; the summary is its own column
+            rows += [Row(intervention.name, job.record(summary=stat), scope, example, None,
+                         metric, float(baselines[m]), float(summary[stat]))
+                     for stat in SCALAR_SUMMARIES]
     rows.append(Row(intervention.name, params, scope, example, None, "max_attention",
                     max_before, max_after / n))
     return rows

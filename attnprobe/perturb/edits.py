@@ -25,7 +25,6 @@ from attnprobe.perturb.job import (
     register_experiment,
     rows_of,
 )
-from attnprobe.perturb.readout import measure
 from attnprobe.perturb.sweeps import sweep_rows
 
 __all__: list[str] = []  # the experiments are reached through run()
@@ -44,9 +43,9 @@ def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
         inputs = job.encode(job.texts[span])
         where = f"text {ids[0]}" if len(ids) == 1 else f"texts {', '.join(map(str, ids))}"
         with named_errors(job, where):
-            before, _ = clean_output(job, inputs)
-            after = perturbed_output(job, intervention, inputs)
-        measures = measure(job.reader.kind, before, after)
+            before, _ = clean_output(job, inputs, rows=ids)
+            after = perturbed_output(job, intervention, inputs, rows=ids)
+        measures = job.compare(before, after)
         return [r for row, i in enumerate(ids)
                 for r in rows_of(measures, row, perturbation=intervention.name, params=params,
                                  scope=scope, example=str(i))]

@@ -33,13 +33,30 @@ experiment       what it does (``perturbation`` column); its options (default)
 ``importance``   Michel et al.: head importance ``E|∂L/∂ξ_h|`` of the scoped heads over the
                  corpus, and the pruning curve in order of increasing importance with
                  ``prune_steps`` points (None: one after every head) (``zero``)
+``knockout``     Geva et al. 2023: the ``edges`` (``to:0``, ``from:-1``, ``last-to:1-3``,
+                 ``edge:5>2`` or a callable; :mod:`attnprobe.perturb.edges`) blocked before
+                 the softmax in the scoped heads, rows renormalised (``knockout``);
+                 ``sweep="layer"`` / ``"head"``: each layer / head alone
 ===============  ===========================================================================
 
+**Metric** (``metric=``, :mod:`attnprobe.perturb.scoring`): ``"next-token"`` (default) is the
+distributional change of the output each experiment reports below (``tvd``, ``jsd``,
+``flip``, ``top_prob``; ``cosine_distance``, ``l2_distance`` for embeddings). Any other spec
+of the one metric vocabulary (:mod:`attnprobe.core.metric`: ``logit:T``, ``prob:T``,
+``logprob:T``, ``logit_diff:A,B``, ``loss``, ``logit:next`` ..., ``next-token:ID``) or a
+callable ``(output, batch) -> Tensor[batch]`` is read on the unperturbed and the perturbed
+output of each example: ``metric`` is the spec, ``baseline`` / ``perturbed`` its values,
+``change`` their difference, ``positions`` (``positions=``; default the last real token,
+every position for ``loss``) where it was read. ``uniform``, ``ablate``, ``mean`` (and their
+sweeps), ``knockout``, ``permute`` and ``dirichlet`` (one row per ``summary``: median, mean,
+min, max over the draws) take one; ``erase``, ``adversarial`` and ``importance`` measure
+something else and refuse it (:func:`reads_metric`).
+
 **Shared options** (keywords of :func:`run`, the same for every experiment): ``scope``,
-``batch_size`` (rows per forward, default 16: texts for uniform / ablate / mean / importance,
-texts × heads for their sweeps, draws of one text for permute / dirichlet, erasure steps of one
-text for erase), ``truncation``, ``seed``, ``progress``, ``output``, ``target``,
-``distributed`` and ``sweep`` (below).
+``batch_size`` (rows per forward, default 16: texts for uniform / ablate / mean / importance /
+knockout, texts × heads for their sweeps, draws of one text for permute / dirichlet, erasure
+steps of one text for erase), ``truncation``, ``seed``, ``progress``, ``output``,
+``target``, ``metric``, ``positions``, ``distributed`` and ``sweep`` (below).
 
 **Columns** (:mod:`attnprobe.perturb.table` documents each): :data:`RUN_COLUMNS` —
 ``experiment``, ``perturbation``, ``scope`` (the heads the row's perturbation acted on),
@@ -53,7 +70,8 @@ particular to the row. Distances and scores of the perturbation itself (``tvd``,
 ``flip``, ``cosine_distance``, ``importance`` ...) have ``baseline = 0``, so
 ``change == perturbed``.
 
-**Sweeps** (``sweep="head"`` or ``"layer"``; ``uniform``, ``ablate`` and ``mean``): every
+**Sweeps** (``sweep="head"`` or ``"layer"``; ``uniform``, ``ablate``, ``mean`` and
+``knockout``): every
 head (every layer's scoped heads) of ``scope`` perturbed *alone*, the text batch repeated once
 per head in one forward (:mod:`attnprobe.perturb.sweeps`); one row per head, text and metric,
 equal to the rows of a run with ``scope="head:L.H"`` up to float rounding.
@@ -109,7 +127,13 @@ from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
-from attnprobe.perturb import draws, edits, pruning, searches  # noqa: F401  register them all
+from attnprobe.perturb import (  # noqa: F401  register them all
+    draws,
+    edits,
+    knockouts,
+    pruning,
+    searches,
+)
 from attnprobe.perturb.budget import Footprint, check_budget
 from attnprobe.perturb.interventions import INTERVENTIONS
 from attnprobe.perturb.job import (
@@ -123,11 +147,12 @@ from attnprobe.perturb.job import (
 )
 from attnprobe.perturb.params import Params, option_flag
 from attnprobe.perturb.readout import OUTPUTS, OutputChoice, Reader, pick_reader
+from attnprobe.perturb.scoring import DEFAULT_METRIC, Scalar, scalar_metric
 from attnprobe.perturb.sweeps import forward_rows, sweep_units
 from attnprobe.perturb.table import tidy
 
 __all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SWEEPS", "Experiment",
-           "params_of", "reads_target", "run"]
+           "knockout", "params_of", "reads_metric", "reads_target", "run"]
 
 # the experiment that applies each intervention, for the message when one is named instead
 _APPLIED_BY = {"zero": "ablate"}
@@ -189,6 +214,32 @@ def _check_target(name: str, params: Params, target: Any) -> None:
                          f"read by {', '.join(readers)}); leave it out")
 
 
+def reads_metric(experiment: str, **options: Any) -> bool:
+    """Whether ``experiment`` with these options takes a scalar ``run(metric=...)``
+    (module docstring); the others refuse one.
+
+    Example:
+        >>> ap.perturb.reads_metric("knockout"), ap.perturb.reads_metric("erase")  # True, False
+    """
+    spec = _experiment_named(experiment)
+    return spec.params.build(spec.name, options).metric_unread() is None
+
+
+def _check_metric(name: str, params: Params, output: str, scalar: Scalar | None) -> None:
+    if scalar is None:
+        return
+    why = params.metric_unread()
+    if why is not None:
+        takers = [n for n in EXPERIMENTS.names()
+                  if EXPERIMENTS.get(n).params().metric_unread() is None]
+        raise InputError(f"perturb {name} does not take metric {scalar.spec!r}: {why} (a "
+                         f"metric is read by {', '.join(takers)}); leave it out")
+    if output != "auto":
+        raise InputError(f"output={output!r} chooses what the default metric "
+                         f"{DEFAULT_METRIC!r} compares; metric {scalar.spec!r} reads the "
+                         "output itself: leave output out")
+
+
 def _check_sweep(spec: Experiment, sweep: Any) -> None:
     if sweep is None:
         return
@@ -204,7 +255,8 @@ def _check_sweep(spec: Experiment, sweep: Any) -> None:
 def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
         scope: str | Scope = "all", batch_size: int = DEFAULT_BATCH_SIZE,
         truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-        output: OutputChoice = "auto", target: Any = None, max_length: int | None = None,
+        output: OutputChoice = "auto", target: Any = None, metric: Any = DEFAULT_METRIC,
+        positions: Any = None, max_length: int | None = None,
         distributed: bool | None = None, sweep: str | None = None,
         **options: Any) -> pd.DataFrame:
     """Run one perturbation experiment over ``texts`` and return a tidy table.
@@ -239,6 +291,14 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
             The other experiments (and ``erase`` with only the ``attention`` / ``random``
             rankings) measure the whole output and refuse a target
             (:func:`reads_target`).
+        metric: what is measured: ``"next-token"`` (default: the output's distributional
+            change, as ``output`` reads it), any spec of :mod:`attnprobe.core.metric`
+            (``"logit_diff:Paris,Rome"``, ``"loss"``, ``"logit:next"`` ...), a ready
+            ``Metric`` or a callable ``(output, batch) -> Tensor[batch]`` (module
+            docstring; :func:`reads_metric` says which experiments take one).
+        positions: where a metric spec reads: ``"last"`` (default; ``"all"`` for
+            ``loss``), ``"all"``, a list of positions, or one list per text of ``texts``
+            (positions count real tokens; negative from the end).
         max_length: a cap on tokens per text below the model's own limit (``truncation``
             says what happens to longer texts).
         distributed: split the texts over the ranks of an initialised ``torch.distributed``
@@ -274,6 +334,9 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     """
     spec = _experiment_named(experiment)
     params = spec.params.build(spec.name, options)
+    missing = params.missing()
+    if missing is not None:
+        raise InputError(missing)
     _check_sweep(spec, sweep)
     check_number("batch_size", batch_size, integer=True, minimum=1)
     check_number("seed", seed, integer=True, minimum=0)
@@ -281,6 +344,9 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     _check_model(model, output)
     rank_and_world(distributed)  # distributed=True without a process group fails here
     _check_target(spec.name, params, target)
+    scalar = scalar_metric(metric, tokenizer, positions,
+                           1 if isinstance(texts, str) else len(texts))
+    _check_metric(spec.name, params, output, scalar)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
     seq = _longest(model, tokenizer, corpus.texts, mode, max_length)
@@ -292,12 +358,66 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     check_budget(model, spec.name, need, seq, _named(spec.params))
     job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
               scope, Reader("classifier"), params, seed, target, batch_size,
-              "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep)
+              "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep,
+              scalar)
     first = job.encode(corpus.texts[:1])
     with named_errors(job, "unperturbed forward"), torch.no_grad(), \
             capture(model, scope, keep=False):
         first_output = model(**first)
-    reader = pick_reader(model, output, first_output)
-    reader(first_output, first)  # a clear error now when the output does not fit the kind
-    rows = spec.fn(replace(job, reader=reader))
+    if scalar is None:
+        reader = pick_reader(model, output, first_output)
+        reader(first_output, first)  # a clear error now when the output does not fit the kind
+        job = replace(job, reader=reader)
+    else:  # a clear error now when the metric cannot read this model's output
+        scalar.read(first_output, first, job.ids[:1])
+    rows = spec.fn(job)
     return tidy(spec.name, rows, *attention_sizes(model))
+
+
+def knockout(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, edges: Any, *,
+             scope: str | Scope = "all", metric: Any = DEFAULT_METRIC, positions: Any = None,
+             batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
+             seed: int = 0, progress: bool = False, distributed: bool | None = None,
+             sweep: str | None = None, max_length: int | None = None) -> pd.DataFrame:
+    """Attention knockout (Geva et al. 2023): ``edges`` blocked before the softmax in the
+    scoped heads, and the change of ``metric`` per text — ``run(..., "knockout",
+    edges=edges)``.
+
+    Args:
+        edges: ``"to:POSITIONS"`` (no query may read those keys), ``"from:POSITIONS"``
+            (those queries read only themselves), ``"last-to:POSITIONS"`` (the last real
+            token may not read those keys: Geva et al.'s last-to-subject knockout),
+            ``"edge:Q>K,..."`` (exactly those edges) or a callable ``(example, layer, head)
+            -> bool [query, key]`` over the example's real tokens (True = blocked).
+            Positions count each text's real tokens from 0; ``-1`` / ``last`` is the last.
+            The named kinds never block a token's edge to itself
+            (:mod:`attnprobe.perturb.edges`).
+        scope: the layers and heads whose edges are blocked.
+        metric / positions: what is measured and where (:func:`run`); default the
+            distributional change of the next-token prediction.
+        sweep: ``"layer"`` (``"head"``): each layer's scoped heads (each head) knocked out
+            alone, batched; one row per layer (head), text and metric.
+        batch_size / truncation / seed / progress / distributed / max_length: as for
+            :func:`run`.
+
+    Returns:
+        The :func:`run` table: ``experiment`` and ``perturbation`` ``knockout``, ``scope``,
+        ``layer``, ``head``, ``example_id``, ``metric``, ``baseline``, ``perturbed``,
+        ``change``, then ``edges`` (and ``positions`` with a scalar metric).
+
+    Raises:
+        InputError: a bad edges spec, a position out of range for a text, a knockout that
+            leaves a real row no key, an unknown metric kind or token, and :func:`run`'s.
+        EditNotAppliedError: a text none of whose scoped rows loses an edge it could see.
+
+    Example:
+        >>> table = ap.perturb.knockout(lm, lm_tok, [prompt], "to:0", metric="loss")
+        >>> table[["metric", "baseline", "perturbed", "change", "positions"]]
+        >>> last = ap.perturb.knockout(lm, lm_tok, [prompt], "last-to:1-8", sweep="layer",
+        ...                            metric="logit:t05")
+        >>> last[["layer", "baseline", "perturbed", "change"]]  # one row per layer
+    """
+    return run(model, tokenizer, texts, "knockout", scope=scope, batch_size=batch_size,
+               truncation=truncation, seed=seed, progress=progress, metric=metric,
+               positions=positions, max_length=max_length, distributed=distributed,
+               sweep=sweep, edges=edges)

@@ -5,7 +5,8 @@ seam, and its share of the texts when the work is split over processes.
 An experiment is one function ``fn(job) -> list[Row]`` and one parameter dataclass (a
 :class:`~attnprobe.perturb.params.Params`), registered together with
 :func:`register_experiment`; adding one touches one file. The experiments live in
-:mod:`attnprobe.perturb.draws`, :mod:`attnprobe.perturb.edits` and
+:mod:`attnprobe.perturb.draws`, :mod:`attnprobe.perturb.edits`,
+:mod:`attnprobe.perturb.knockouts`, :mod:`attnprobe.perturb.pruning` and
 :mod:`attnprobe.perturb.searches`; :mod:`attnprobe.perturb.experiments` imports them all, so
 :data:`EXPERIMENTS` is complete once that module is imported.
 """
@@ -33,7 +34,8 @@ from attnprobe.errors import (
 )
 from attnprobe.perturb.context import perturbed
 from attnprobe.perturb.params import SHARED, Params
-from attnprobe.perturb.readout import Reader
+from attnprobe.perturb.readout import Reader, measure
+from attnprobe.perturb.scoring import Scalar
 from attnprobe.perturb.table import RUN_COLUMNS
 
 __all__ = ["CORPUS", "EXPERIMENTS", "RUN_COLUMNS", "SWEEPS", "Experiment", "Job", "Row",
@@ -118,6 +120,7 @@ class Job:
     progress: bool
     distributed: bool | None
     sweep: str | None = None  # "head" / "layer": each unit of the scope alone (SWEEPS)
+    scalar: Scalar | None = None  # a scalar metric (perturb.scoring); None: the reader's change
 
     def encode(self, texts: Sequence[Text]) -> dict[str, torch.Tensor]:
         batch = encode(self.model, self.tokenizer, texts, truncation=self.truncation,
@@ -129,10 +132,27 @@ class Job:
         return list(zip(self.ids, self.texts, strict=True))
 
     def record(self, **extra: Any) -> dict[str, Any]:
-        """The ``params`` of a row: the experiment's options, the seed when it draws, and
-        what is particular to the row."""
+        """The ``params`` of a row: the experiment's options, the seed when it draws, where a
+        scalar metric reads (``positions``), and what is particular to the row."""
         seed = {"seed": self.seed} if self.params.seeded else {}
-        return {**self.params.record(), **seed, **extra}
+        where = self.scalar.record() if self.scalar is not None else {}
+        return {**self.params.record(), **seed, **where, **extra}
+
+    def read(self, output: Any, inputs: Mapping[str, torch.Tensor],
+             rows: Sequence[int] | None = None) -> torch.Tensor:
+        """What is compared of one forward's output: the scalar metric ``[batch]`` or the
+        reader's vector ``[batch, classes | vocab | dim]``; ``rows[r]`` is the caller's index
+        of batch row ``r``'s text (per-text metric positions)."""
+        if self.scalar is not None:
+            return self.scalar.read(output, inputs, rows)
+        return self.reader(output, inputs).detach()
+
+    def compare(self, before: torch.Tensor, after: torch.Tensor
+                ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{metric: (baseline, perturbed)}`` per batch row, ``[batch]`` each."""
+        if self.scalar is not None:
+            return self.scalar.compare(before, after)
+        return measure(self.reader.kind, before, after)
 
     def sharded(self, fn: Callable[[U], R], units: Sequence[U], *, unit: str = "text",
                 desc: str = "") -> list[R]:
@@ -175,17 +195,17 @@ def named_errors(job: Job, where: str) -> Iterator[None]:
         raise type(exc)(f"perturb {job.name} ({where}, scope {job.scope}): {message}") from exc
 
 
-def clean_output(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = False
-                 ) -> tuple[torch.Tensor, Any]:
-    """The unperturbed output vector per example, through the capture seam (as the perturbed
-    forwards), and the capture (``keep``: the scoped heads' maps)."""
+def clean_output(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = False,
+                 rows: Sequence[int] | None = None) -> tuple[torch.Tensor, Any]:
+    """What is compared of the unperturbed output (:meth:`Job.read`), through the capture seam
+    (as the perturbed forwards), and the capture (``keep``: the scoped heads' maps)."""
     with torch.no_grad(), capture(job.model, job.scope, keep=keep) as cap:
         output = job.model(**inputs)
-    return job.reader(output, inputs).detach(), cap
+    return job.read(output, inputs, rows), cap
 
 
-def perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Tensor]
-                     ) -> torch.Tensor:
+def perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Tensor],
+                     rows: Sequence[int] | None = None) -> torch.Tensor:
     try:
         with torch.no_grad(), perturbed(job.model, intervention, job.scope, seed=job.seed):
             output = job.model(**inputs)
@@ -194,4 +214,4 @@ def perturbed_output(job: Job, intervention: Any, inputs: Mapping[str, torch.Ten
             f"{intervention.name} changed no attention weight: every scoped row already looks "
             "the way it would make it (e.g. uniform, or all weight on one key); choose another "
             f"scope or drop the text ({exc})") from exc
-    return job.reader(output, inputs).detach()
+    return job.read(output, inputs, rows)

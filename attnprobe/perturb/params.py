@@ -10,8 +10,10 @@ A parameter class subclasses :class:`Params` and declares each option with :func
   the experiments that take it), and
 - the parameter columns of the result table (:meth:`Params.record`; one column per option).
 
-Supported option types: ``int``, ``float``, ``tuple[str, ...]`` (a list of names; a single
-string is one name; on the command line comma-separated), each optionally ``| None``.
+Supported option types: ``int``, ``float``, ``str`` (a spec, e.g. ``knockout``'s edges; with
+``takes_callable=True`` a Python callable is taken too and recorded as ``custom``),
+``tuple[str, ...]`` (a list of names; a single string is one name; on the command line
+comma-separated), each optionally ``| None``.
 
 Example::
 
@@ -38,7 +40,7 @@ __all__ = ["SHARED", "CliOption", "Params", "cli_options", "option", "option_fla
 
 
 def option(default: Any, help: str, *, minimum: float | None = None, strict: bool = False,
-           flag: str | None = None) -> Any:
+           flag: str | None = None, takes_callable: bool = False) -> Any:
     """A dataclass field for an experiment option.
 
     Args:
@@ -46,9 +48,11 @@ def option(default: Any, help: str, *, minimum: float | None = None, strict: boo
         help: one line for ``--help`` and the docs (without the default; it is added).
         minimum / strict: numbers must be ``>= minimum`` (``> minimum`` when ``strict``).
         flag: the command-line flag (default ``--`` + the name with dashes).
+        takes_callable: a ``str`` option that also takes a callable (from Python only).
     """
     return field(default=default, metadata={"help": help, "minimum": minimum,
-                                            "strict": strict, "flag": flag})
+                                            "strict": strict, "flag": flag,
+                                            "callable": takes_callable})
 
 
 def option_flag(name: str, metadata: Any) -> str:
@@ -57,7 +61,7 @@ def option_flag(name: str, metadata: Any) -> str:
 
 
 class _Kind(NamedTuple):
-    base: type  # int, float or tuple (of str)
+    base: type  # int, float, str or tuple (of str)
     optional: bool
 
 
@@ -74,9 +78,9 @@ def _kinds(cls: type) -> dict[str, _Kind]:
         if optional:
             (hint,) = [a for a in args if a is not type(None)]
         base = typing.get_origin(hint) or hint
-        if base not in (int, float, tuple):
+        if base not in (int, float, str, tuple):
             raise TypeError(f"{cls.__name__}.{f.name}: option type {hint} is not supported "
-                            "(int, float, tuple[str, ...], optionally | None)")
+                            "(int, float, str, tuple[str, ...], optionally | None)")
         kinds[f.name] = _Kind(base, optional)
     return kinds
 
@@ -99,6 +103,9 @@ class Params:
             if kind.base is tuple:
                 object.__setattr__(self, f.name, self._names(f.name, value))
                 continue
+            if kind.base is str:
+                self._spec(f.name, value, f.metadata.get("callable", False))
+                continue
             minimum = f.metadata["minimum"]
             check_number(f.name, value, integer=kind.base is int,
                          minimum=-float("inf") if minimum is None else minimum,
@@ -116,6 +123,15 @@ class Params:
         if not items or not all(isinstance(x, str) and x for x in items):
             raise InputError(f"{name} must be a non-empty list of names; got {value!r}")
         return items
+
+    @staticmethod
+    def _spec(name: str, value: Any, takes_callable: bool) -> None:
+        if isinstance(value, str) and value.strip():
+            return
+        if takes_callable and callable(value):
+            return
+        what = "a non-empty spec string" + (" or a callable" if takes_callable else "")
+        raise InputError(f"{name} must be {what}; got {value!r}")
 
     @classmethod
     def build(cls, experiment: str, given: dict[str, Any]) -> Params:
@@ -146,6 +162,17 @@ class Params:
         one), or ``None`` when it reads it. By default it measures the whole output."""
         return "it measures the change of the whole output, not of a target"
 
+    def metric_unread(self) -> str | None:
+        """Why this experiment, with these options, cannot measure a scalar ``metric``
+        (``run()`` then refuses one), or ``None`` when it can. By default it can: the metric
+        is read on the unperturbed and the perturbed output of every example."""
+        return None
+
+    def missing(self) -> str | None:
+        """What must still be given before a run (a required option left out), or ``None``.
+        ``run()`` refuses the run with this message before the first forward."""
+        return None
+
     def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         """What a run over ``n_texts`` texts of at most ``seq`` tokens needs (see
         :mod:`attnprobe.perturb.budget`): the rows a forward will really have, by default
@@ -153,14 +180,16 @@ class Params:
         return Footprint(min(batch_size, n_texts))
 
     def record(self) -> dict[str, Any]:
-        """The options as a dict (names lists), for the table's parameter columns."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+        """The options as a dict (names lists, callables ``"custom"``), for the table's
+        parameter columns."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple)
+                else "custom" if callable(v) else v
                 for f in fields(self)}
 
 
 # the keywords every experiment takes (run()'s signature), for messages
 SHARED = ("scope", "batch_size", "truncation", "seed", "progress", "output", "target",
-          "max_length", "distributed", "sweep")
+          "metric", "positions", "max_length", "distributed", "sweep")
 
 
 @dataclass(frozen=True)
@@ -181,6 +210,8 @@ def _parser(cls: type, name: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         if kind.base is tuple:
             value: Any = [part.strip() for part in text.split(",") if part.strip()]
+        elif kind.base is str:
+            value = text
         else:
             try:
                 value = kind.base(text)
@@ -217,7 +248,8 @@ def cli_options(experiments: dict[str, type]) -> list[CliOption]:
         default = "none" if f.default is None else f.default
         if isinstance(default, tuple):
             default = ",".join(default)
-        metavar = {int: "N", float: "X", tuple: "NAME[,NAME...]"}[_kinds(cls)[name].base]
+        metavar = {int: "N", float: "X", str: "SPEC",
+                   tuple: "NAME[,NAME...]"}[_kinds(cls)[name].base]
         options.append(CliOption(option_flag(name, f.metadata), name, tuple(owners),
                                  _parser(cls, name),
                                  f"{'/'.join(owners)}: {'; '.join(helps)} (default {default})",

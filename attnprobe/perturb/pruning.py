@@ -42,6 +42,10 @@ class ImportanceParams(Params):
     def target_unread(self) -> str | None:
         return None  # the loss is -target
 
+    def metric_unread(self) -> str | None:
+        return ("it differentiates its target (target=..., the loss) and measures the pruning "
+                "curve's distributional change")
+
 
 def _loss_fn(job: Job) -> Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]:
     """One loss per example: ``−target`` when a target is given, else the cross-entropy of

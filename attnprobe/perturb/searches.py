@@ -88,6 +88,10 @@ class EraseParams(Params):
         return (f"the rankings {', '.join(self.rankings)} read none; an attribution ranking "
                 "such as integrated_gradients explains it")
 
+    def metric_unread(self) -> str | None:
+        return ("it erases keys until the output's decision (its argmax) flips and reports "
+                "the distributional change of each step")
+
     def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         """``batch_size`` erasure steps per forward; a text of ``seq`` tokens has at most
         ``seq - 1`` steps (every key but one)."""
@@ -211,6 +215,10 @@ class AdversarialParams(Params):
     steps: int = option(500, "Adam steps", minimum=1)
     lr: float = option(0.01, "Adam learning rate", minimum=0, strict=True)
     seeded = True  # the adversaries' initial logits
+
+    def metric_unread(self) -> str | None:
+        return ("its measure is the attention's JSD under a TVD budget on the output "
+                "distribution (eps)")
 
     def footprint(self, batch_size: int, n_texts: int, seq: int) -> Footprint:
         return Footprint(self.n_adversaries, rows_by="n_adversaries", grad=True)

@@ -1,7 +1,8 @@
 """Per-head (and per-layer) sweeps: ``run(..., sweep="head")`` applies a deterministic
-intervention (``uniform``, ``zero``, ``mean``) to every head of the scope *separately* and
-returns one row per head, text and metric — the rows 72 runs with ``scope="head:L.H"`` would
-give, in a fraction of the forwards.
+intervention (``uniform``, ``zero``, ``mean``) or a knockout to every head of the scope
+*separately* and returns one row per head, text and metric — the rows 72 runs with
+``scope="head:L.H"`` would give, in a fraction of the forwards. What is applied to each unit
+is a :class:`UnitPerturbation` (:func:`unit_rows`); :func:`sweep_rows` wraps an intervention.
 
 **How it is batched.** The texts are encoded ``b = min(batch_size, texts)`` at a time; each
 such text batch is repeated once per unit (a head, or a layer's scoped heads) in one forward,
@@ -26,7 +27,8 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -37,9 +39,9 @@ from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, InputError
 from attnprobe.perturb.job import SWEEPS, Job, Row, clean_output, named_errors, rows_of
-from attnprobe.perturb.readout import measure
 
-__all__ = ["Unit", "forward_rows", "sweep_rows", "sweep_units"]
+__all__ = ["Unit", "UnitForward", "UnitPerturbation", "forward_rows", "sweep_rows",
+           "sweep_units", "unit_rows"]
 
 
 class Unit(NamedTuple):
@@ -78,6 +80,34 @@ def forward_rows(batch_size: int, n_texts: int, n_units: int) -> tuple[int, int]
     return texts, max(1, min(n_units, batch_size // texts))
 
 
+class UnitForward(Protocol):
+    """One batched forward of a sweep: the capture keywords (:func:`attnprobe.capture`) that
+    apply each unit to its copy of the text batch, and, after the forward, whether each unit
+    changed anything."""
+
+    kwargs: dict[str, Any]
+    changed: list[bool]
+
+
+class UnitPerturbation(Protocol):
+    """What a sweep applies to every unit (an intervention, a knockout ...)."""
+
+    name: str
+
+    def check(self, job: Job, units: Sequence[Unit]) -> None:
+        """Refuse, before any forward, units the model cannot take."""
+
+    def forward(self, units: Sequence[Unit], ids: Sequence[int],
+                inputs: Mapping[str, torch.Tensor]) -> UnitForward:
+        """The forward of ``units`` on the text batch ``inputs`` (texts ``ids``); batch row
+        ``k·b + t`` is text ``t`` with unit ``k`` applied."""
+
+    def unchanged(self, units: Sequence[Unit], where: str,
+                  forward: UnitForward | None) -> Exception:
+        """The error for ``units`` that changed nothing on ``where`` (``forward``: the
+        forward they were part of; None when the capture found nothing changed at all)."""
+
+
 class _UnitEdit:
     """The batched edit: batch row ``k·b + t`` takes ``intervention`` on unit ``k``'s heads
     only; ``changed[k]`` notes whether unit ``k`` moved any weight (or output)."""
@@ -87,6 +117,8 @@ class _UnitEdit:
         self.units = list(units)
         self.texts = texts
         self.changed = [False] * len(self.units)
+        kind = "edit_output" if intervention.target == "output" else "edit"
+        self.kwargs: dict[str, Any] = {"keep": False, kind: self}
 
     def __call__(self, layer: int, tensor: torch.Tensor) -> torch.Tensor:
         mine = [(k, u) for k, u in enumerate(self.units) if u.layer == layer]
@@ -106,6 +138,36 @@ class _UnitEdit:
         return out
 
 
+@dataclass(frozen=True)
+class _EachUnit:
+    """An intervention (``uniform``, ``zero``, ``mean``) as a :class:`UnitPerturbation`."""
+
+    intervention: Any
+
+    @property
+    def name(self) -> str:
+        return self.intervention.name
+
+    def check(self, job: Job, units: Sequence[Unit]) -> None:
+        if self.intervention.target == "output" and not hf_seam.is_hf_model(job.model):
+            raise InputError(f"{self.name} replaces per-head outputs inside transformers' "
+                             f"attention function; {type(job.model).__name__} is not a "
+                             "transformers model")
+        self.intervention.check(sorted({u.layer for u in units}), attention_sizes(job.model)[1])
+
+    def forward(self, units: Sequence[Unit], ids: Sequence[int],
+                inputs: Mapping[str, torch.Tensor]) -> UnitForward:
+        return _UnitEdit(self.intervention, units, len(ids))
+
+    def unchanged(self, units: Sequence[Unit], where: str,
+                  forward: UnitForward | None) -> Exception:
+        names = ", ".join(str(u.scope) for u in units)
+        return EditNotAppliedError(
+            f"{self.name} changed no attention weight of {names} on {where}: every row "
+            "already looks the way it would make it (e.g. uniform, or all weight on one key); "
+            "leave that head out of the scope or drop the text")
+
+
 def _tiled(inputs: Mapping[str, Any], k: int) -> dict[str, Any]:
     """The batch repeated ``k`` times along the batch axis (copy ``j`` is rows ``j·b ..``)."""
     return {name: value.repeat(k, *[1] * (value.ndim - 1))
@@ -117,29 +179,22 @@ def _where(ids: Sequence[int]) -> str:
     return f"text {ids[0]}" if len(ids) == 1 else f"texts {', '.join(map(str, ids))}"
 
 
-def _unchanged(intervention: Any, units: Sequence[Unit], where: str) -> EditNotAppliedError:
-    names = ", ".join(str(u.scope) for u in units)
-    return EditNotAppliedError(
-        f"{intervention.name} changed no attention weight of {names} on {where}: every row "
-        "already looks the way it would make it (e.g. uniform, or all weight on one key); "
-        "leave that head out of the scope or drop the text")
-
-
 def sweep_rows(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
     """``intervention`` on each unit of ``job.scope`` (``job.sweep``) alone, over every text:
     one row per unit, text and metric, in unit then text order (module docstring)."""
+    return unit_rows(job, _EachUnit(intervention), params)
+
+
+def unit_rows(job: Job, perturbation: UnitPerturbation, params: dict[str, Any]) -> list[Row]:
+    """``perturbation`` on each unit of ``job.scope`` (``job.sweep``) alone, over every text:
+    one row per unit, text and metric, in unit then text order (module docstring)."""
     n_layers, n_heads = attention_sizes(job.model)
     units = sweep_units(job.scope, n_layers, n_heads, job.sweep or "")
-    if intervention.target == "output" and not hf_seam.is_hf_model(job.model):
-        raise InputError(f"{intervention.name} replaces per-head outputs inside transformers' "
-                         f"attention function; {type(job.model).__name__} is not a "
-                         "transformers model")
-    intervention.check(sorted({u.layer for u in units}), n_heads)
+    perturbation.check(job, units)
     texts, per_forward = forward_rows(job.batch_size, len(job.texts), len(units))
     work = [(span, start) for span in batch_spans(len(job.texts), texts)
             for start in range(0, len(units), per_forward)]
     clean: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]] = {}
-    edit_kind = "edit_output" if intervention.target == "output" else "edit"
 
     def run_one(item: tuple[slice, int]) -> list[tuple[int, int, list[Row]]]:
         span, start = item
@@ -150,27 +205,26 @@ def sweep_rows(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]
             clean.clear()
             inputs = job.encode(job.texts[span])
             with named_errors(job, where):
-                clean[span.start] = (inputs, clean_output(job, inputs)[0])
+                clean[span.start] = (inputs, clean_output(job, inputs, rows=ids)[0])
         inputs, before = clean[span.start]
         b = len(ids)
-        edit = _UnitEdit(intervention, chunk, b)
         copies = _tiled(inputs, len(chunk))
         scope = functools.reduce(operator.or_, (u.scope for u in chunk))
         with named_errors(job, where):
+            applied = perturbation.forward(chunk, ids, inputs)
             try:
-                with torch.no_grad(), capture(job.model, scope, keep=False,
-                                              **{edit_kind: edit}):
+                with torch.no_grad(), capture(job.model, scope, **applied.kwargs):
                     output = job.model(**copies)
             except EditNotAppliedError:
-                raise _unchanged(intervention, chunk, where) from None
-            idle = [u for u, moved in zip(chunk, edit.changed, strict=True) if not moved]
+                raise perturbation.unchanged(chunk, where, None) from None
+            idle = [u for u, moved in zip(chunk, applied.changed, strict=True) if not moved]
             if idle:
-                raise _unchanged(intervention, idle, where)
-        after = job.reader(output, copies).detach()
+                raise perturbation.unchanged(idle, where, applied)
+        after = job.read(output, copies, list(ids) * len(chunk))
         tiled = before.repeat(len(chunk), *[1] * (before.ndim - 1))  # row k·b + t: text t
-        measures = measure(job.reader.kind, tiled, after)
+        measures = job.compare(tiled, after)
         return [(start + k, span.start + t,
-                 rows_of(measures, k * b + t, perturbation=intervention.name, params=params,
+                 rows_of(measures, k * b + t, perturbation=perturbation.name, params=params,
                          scope=unit.scope, example=str(i)))
                 for k, unit in enumerate(chunk) for t, i in enumerate(ids)]
 

@@ -1,7 +1,8 @@
 """perturb.run sharded over two torch.distributed (gloo) processes equals one process: the same
 example ids, the same random draws, the same corpus-level sums (importance's gradients and
-curve, mean's head means), the same per-head sweeps; through the library and through
-``attnprobe perturb --distributed`` as torchrun would start it."""
+curve, mean's head means), the same per-head sweeps, the same knockouts and scalar metrics;
+through the library and through ``attnprobe perturb --distributed`` as torchrun would start
+it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,17 @@ RUNS = {  # name -> experiment, options; batch_size 2 makes several batches to s
     "importance": ("importance", {"batch_size": 2, "prune_steps": 3}),
     # 5 texts in batches of 3 and 2, each repeated for one head at a time: 8 forwards
     "ablate-sweep": ("ablate", {"sweep": "head", "batch_size": 3}),
+    # attention knockout, each batch with its texts' own edges; a metric read per text
+    "knockout": ("knockout", {"edges": "to:0", "batch_size": 2}),
+    "knockout-sweep": ("knockout", {"edges": "last-to:0-1", "sweep": "layer", "batch_size": 3,
+                                    "metric": "first-class"}),
+    "uniform-metric": ("uniform", {"metric": "first-class", "batch_size": 2}),
 }
+
+
+def first_class(output, batch):
+    """A callable metric: the classifier's first logit."""
+    return output[:, 0]
 BERT_WORDS = "the cat sat on mat a dog ran big red tree bird saw fish and"
 
 
@@ -33,6 +44,8 @@ def _library(rank: int) -> dict:
     model, tok = ap.load_model(MODEL)
     tables, forwards = {}, {}
     for name, (experiment, options) in RUNS.items():
+        if options.get("metric") == "first-class":
+            options = {**options, "metric": first_class}
         with counting_forwards(model) as seen:
             tables[name] = ap.perturb.run(
                 model, tok, TEXTS, experiment, seed=7, truncation="skip",
@@ -71,6 +84,19 @@ def test_two_processes_give_the_single_process_tables_on_every_rank(tmp_path):
     for name in ("ablate-sweep", "mean-sweep"):
         heads = single["tables"][name][["layer", "head"]].drop_duplicates()
         assert heads.values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]], name
+    swept = single["tables"]["knockout-sweep"]
+    assert swept["layer"].drop_duplicates().tolist() == [0, 1]
+    assert set(swept["metric"]) == {"custom"} == set(single["tables"]["uniform-metric"]["metric"])
+
+
+def test_cli_knockout_under_two_processes_writes_the_single_process_table(tmp_path):
+    texts = [a for text in TEXTS for a in ("--text", text)]
+    single, sharded = cli_tables(
+        ["perturb", "--model", "ref:transformer", *texts, "--experiment", "knockout",
+         "--edges", "to:0", "--metric", "loss", "--batch-size", "2", "--skip-long",
+         "--max-length", str(MAX_LENGTH), "--distributed", "--quiet"], folder=tmp_path)
+    pd.testing.assert_frame_equal(single, sharded, check_exact=True)
+    assert list(dict.fromkeys(single.example_id)) == ["0", "1", "2", "4", "5"]
 
 
 # ---------------------------------------------------------------------------- the CLI

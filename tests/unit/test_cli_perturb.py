@@ -270,3 +270,70 @@ def test_draws_show_a_bar_over_every_draw_with_the_time_left(experiment, flag, t
     assert code == 0, err
     assert f"perturb {experiment}" in err and "60/60" in err and "draw" in err
     assert "<00:00" in err  # the time left, once the last draw is done
+
+
+# ----------------------------------------------------------------------------- issue 18
+LM = ["--model", "ref:transformer"]  # a causal reference LM, [BOS] first
+
+
+def test_a_knockout_with_a_metric_writes_the_api_table(tmp_path, capsys):
+    from attnprobe.models import build_reference
+    from attnprobe.perturb import knockout
+
+    out = tmp_path / "knockout.csv"
+    code, printed, err = run(["perturb", *LM, *TEXTS, "--experiment", "knockout", "--edges",
+                              "to:0", "--metric", "logit:next", "--positions", "all",
+                              "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    got = pd.read_csv(out, dtype={"example_id": str})
+    assert tuple(got.columns) == (*RUN_COLUMNS, "edges", "positions")
+    assert set(got["metric"]) == {"logit:next"} and set(got["edges"]) == {"to:0"}
+    assert "logit:next" in printed
+    model, tok = build_reference("transformer")
+    expected = knockout(model, tok, [TEXTS[1], TEXTS[3]], "to:0", metric="logit:next",
+                        positions="all")
+    for column in ("layer", "head", "step"):
+        got[column] = got[column].astype("Int64")
+    pd.testing.assert_frame_equal(got, expected, rtol=1e-12)
+
+
+def test_a_metric_on_an_ablation_sweep_prints_its_grid(tmp_path, capsys):
+    out = tmp_path / "sweep.csv"
+    code, printed, err = run(["perturb", *LM, *TEXTS, "--experiment", "ablate", "--sweep",
+                              "head", "--metric", "logit_diff:cat,dog", "--positions", "-1",
+                              "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out, dtype={"positions": str})
+    assert set(table["metric"]) == {"logit_diff:cat,dog"} and set(table["positions"]) == {"-1"}
+    assert printed.splitlines()[0].endswith("median logit_diff:cat,dog change per head")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--experiment", "knockout", "--edges", "towards:0"],
+     "unknown edges kind 'towards'; choose one of 'edge', 'from', 'last-to', 'to'"),
+    (["--experiment", "knockout", "--edges", "to:x"], "'x' is not a position"),
+    (["--experiment", "knockout", "--edges", "to:9"], "position 9 is out of range for a text"),
+    (["--experiment", "knockout"], "knockout needs edges= (CLI --edges)"),
+    (["--experiment", "uniform", "--edges", "to:0"], "--edges applies to --experiment knockout"),
+    # the last token: no earlier query of a causal LM can read it, and its own edge is kept
+    (["--experiment", "knockout", "--edges", "to:-1"],
+     "knockout 'to:-1' blocks no edge of scope all that text 0 could see"),
+    (["--experiment", "knockout", "--edges", "edge:0>0"], "a row needs a key left"),
+    (["--experiment", "knockout", "--edges", "to:0", "--metric", "logit:zzqq"],
+     "metric logit:zzqq: 'zzqq' is not in the tokenizer's vocabulary"),
+    (["--experiment", "uniform", "--metric", "logits:cat"], "unknown metric kind 'logits'"),
+    (["--experiment", "uniform", "--metric", "logit:next"], "the last position has no next"),
+    (["--experiment", "uniform", "--positions", "all"],
+     "positions changes nothing with the default metric"),
+    (["--experiment", "uniform", "--metric", "loss", "--positions", "first"],
+     "--positions must be 'last', 'all' or integers"),
+    (["--experiment", "erase", "--metric", "loss"], "perturb erase does not take metric 'loss'"),
+    (["--experiment", "uniform", "--metric", "loss", "--output", "lm"],
+     "output='lm' chooses what the default metric"),
+])
+def test_knockout_and_metric_errors_are_one_line(argv, message, tmp_path, capsys):
+    argv = ["perturb", *LM, "--text", "the cat sat", "--quiet", "--out",
+            str(tmp_path / "r.csv"), *argv]
+    code, _, err = run(argv, capsys)
+    err = _one_line_error(code, err)
+    assert message in err

@@ -345,7 +345,7 @@ def test_ap_perturb_run_is_callable_after_the_submodule_is_imported(classifier):
     assert tuple(table.columns) == RUN_COLUMNS
     assert ap.perturb.EXPERIMENTS is EXPERIMENTS
     assert EXPERIMENTS.names() == ["ablate", "adversarial", "dirichlet", "erase", "importance",
-                                   "mean", "permute", "uniform"]
+                                   "knockout", "mean", "permute", "uniform"]
 
 
 # ----------------------------------------------------------------------------- errors

@@ -182,7 +182,8 @@ def test_a_head_whose_edit_changes_nothing_is_named():
 
 @pytest.mark.parametrize(("experiment", "kw", "match"), [
     ("permute", {"sweep": "head", "n_permutations": 3},
-     r"sweep='head' runs ablate, mean, uniform one head at a time; 'permute' does not sweep"),
+     r"sweep='head' runs ablate, knockout, mean, uniform one head at a time; 'permute' does "
+     r"not sweep"),
     ("importance", {"sweep": "layer"}, r"'importance' does not sweep"),
     ("ablate", {"sweep": "heads"}, r"unknown sweep 'heads'; choose one of 'head', 'layer'"),
     ("mean", {"sweep": "head"}, r"transformers"),
