@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnprobe-installed
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench docs
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -24,7 +24,11 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check attnprobe analyses reports tests
+	$(VENV)/bin/ruff check attnprobe analyses reports tests docs
+
+# The API reference and guide (mkdocs.yml) into site/; warnings are errors. Open site/index.html.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: setup
 	$(PY) analyses/bench_capture.py
