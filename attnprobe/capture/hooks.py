@@ -61,6 +61,8 @@ def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
             raise AttentionUnavailableError(
                 f"output of {site.path} is not a [batch, head, query, key] pattern: {shape}")
+        if recorder.knockouts:  # the model masks after hook_scores: a row may have lost all
+            _check_rows_left(recorder, site, output)
         pattern = output
         if recorder.takes("pattern"):
             pattern = recorder.tensor(site, "pattern", output, n_heads or output.shape[1])
@@ -68,6 +70,20 @@ def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None
         return pattern if recorder.rewrites("pattern") else None
 
     return on_output
+
+
+def _check_rows_left(recorder: Recorder, site: Site, pattern: torch.Tensor) -> None:
+    """A real query row whose every key the knockouts (with the model's own mask) closed
+    comes out of the softmax as NaN: an error naming it, never NaN maps."""
+    broken = ~torch.isfinite(pattern).all(-1)  # [batch, head, query]
+    if bool(broken.any()):
+        real = recorder.query_valid(site, pattern.shape[0], pattern.shape[2])
+        broken = broken & real[:, None, :].to(broken.device)
+        if bool(broken.any()):
+            b, h, q = broken.nonzero()[0].tolist()
+            raise InputError(f"the knockout at {site.path} blocks every key query {q} of "
+                             f"example {b} may read (head {h}, with the model's own mask); a "
+                             "row needs a key left")
 
 
 def _sibling_hook(recorder: Recorder, site: Site, name: str, n_heads: int | None

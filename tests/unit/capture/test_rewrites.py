@@ -208,3 +208,18 @@ def test_a_q_part_on_module_paths_without_a_hook_q_names_what_is_missing():
     with pytest.raises(ap.InputError, match="needs a hook_q module next to"), \
             ap.capture(model, paths=paths, parts=[Keep(), Activations(("q",))]):
         pytest.fail("the capture should not open")
+
+
+def test_a_knockout_that_closes_a_causal_row_on_a_reference_model_is_named():
+    """Reference models apply their causal mask after hook_scores: blocking query 0's only
+    key (itself) leaves the row nothing, which must be an error, not NaN weights."""
+    model, _ = reference_llama()
+
+    def first_row(layer, shape):
+        blocked = torch.zeros(shape, dtype=torch.bool)
+        blocked[..., 0, 0] = True
+        return blocked
+
+    with pytest.raises(ap.InputError, match="blocks every key query 0"):
+        run(model, dict(CLEAN), Knockout(first_row))
+    assert ap.count_hooks(model) == 0
