@@ -70,9 +70,10 @@ def readme_section(coverage: pd.DataFrame, versions: str) -> str:
     return "\n".join([*lines, END])
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with the span between the coverage markers (markers included) replaced."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"README has no {BEGIN} ... {END} span to rewrite")
-    return text[:start] + section + text[end + len(END):]
+def replace_section(text: str, section: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with the span between the markers ``begin`` and ``end`` (markers included;
+    by default the coverage markers) replaced."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"README has no {begin} ... {end} span to rewrite")
+    return text[:start] + section + text[stop + len(end):]

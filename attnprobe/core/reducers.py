@@ -134,8 +134,12 @@ class MaxWeight:
         return {self.name: block.masked_row_sum(block.pattern.amax(-1))}
 
 
-def _offset_name(offset: int) -> str:
-    return {-1: "prev", 0: "self", 1: "next"}.get(offset, f"offset{offset:+d}")
+NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}  # the one definition of these names
+
+
+def offset_name(offset: int) -> str:
+    """``prev``, ``self``, ``next``, or ``offset+k`` / ``offset-k``."""
+    return NAMED_OFFSETS.get(offset, f"offset{offset:+d}")
 
 
 @REDUCERS.register("offset_mass")
@@ -158,7 +162,7 @@ class OffsetMass:
         for offset in self.offsets:
             hit = ((rel == offset) & real_key).to(block.pattern.dtype)  # [batch, query_block, key]
             mass = (block.pattern * hit[:, None]).sum(-1)
-            out[_offset_name(offset)] = block.masked_row_sum(mass)
+            out[offset_name(offset)] = block.masked_row_sum(mass)
         return out
 
 

@@ -45,6 +45,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def values(self) -> list[T]:
+        """The registered objects, in the order they were registered."""
+        return list(self._items.values())
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 

@@ -14,22 +14,13 @@ import pandas as pd
 
 from attnprobe.errors import InputError
 from attnprobe.heads.label_rules import FALLBACK, RULES, Row, Thresholds
+from attnprobe.heads.stats import score_columns
 
-__all__ = ["INDEX_COLUMNS", "LABEL_COUNT_COLUMNS", "RESULT_COLUMNS", "RULE_SCORES",
+__all__ = ["INDEX_COLUMNS", "LABEL_COUNT_COLUMNS", "RESULT_COLUMNS",
            "classify_row", "classify_scores", "label_counts", "layer_profile"]
 
 INDEX_COLUMNS = ("stack", "kind", "layer", "head", "head_id")
 RESULT_COLUMNS = ("label", "family", "evidence", "also")
-# Scores the rules read as numbers (checked when present; other columns pass through).
-RULE_SCORES = ("entropy_norm", "max_weight", "chance_weight", "prev", "self", "next",
-               "pos_score", "pos_offset", "cls", "sep", "bos", "eos", "first", "punct",
-               "special", "sink", "sink_rate", "column_sink", "prev_nosink", "self_nosink",
-               "next_nosink", "max_weight_nosink", "chance_weight_nosink",
-               "entropy_norm_nosink", "pos_score_nosink", "pos_offset_nosink", "block",
-               "rep_induction", "rep_induction_ahead", "rep_duplicate", "rep_duplicate_ahead",
-               "duplicate", "induction", "duplicate_ahead", "induction_ahead", "duplicate_rows",
-               "induction_rows", "duplicate_ahead_rows", "induction_ahead_rows",
-               "retrieval", "syntax_margin", "syntax_count")
 LABEL_COUNT_COLUMNS = ("family", "family_heads", "label", "heads", "share", "layers", "head_ids")
 # layer_profile: means always reported (NaN when the column is absent) and when present.
 PROFILE_MEANS = ("entropy", "entropy_norm", "max_weight", "distance", "first", "special")
@@ -117,7 +108,8 @@ def classify_scores(scores: pd.DataFrame, thresholds: Thresholds | None = None) 
         head = _head_name(scores[empty].iloc[0])
         raise InputError(f"head {head} has no scores (all NaN); drop it or compute its scores")
 
-    numeric = [c for c in score_cols if c in RULE_SCORES]
+    known = set(score_columns())  # the registered score columns are numbers
+    numeric = [c for c in score_cols if c in known]
     rows = pd.concat([scores[[c for c in score_cols if c not in numeric]],
                       _numeric(scores, numeric, "score table")], axis=1)
     results = [(label, RULES.family(label), evidence, also) for label, evidence, also in

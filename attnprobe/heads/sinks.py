@@ -1,4 +1,4 @@
-"""Sink keys, and every head statistic judged on the mass left after them.
+"""Sink keys: where a head parks the mass it does not use.
 
 Most heads of trained models put much of their mass on a few *sink* keys — the first token,
 BOS/CLS, a ``[SEP]`` or ``.`` that every row looks at — and do something with the rest (Xiao et
@@ -19,26 +19,8 @@ Columns are found among the rows a reducer sees at once: every row of a sequence
 and in stored maps, except when a streamed input is longer than one block of rows (16 MiB of
 weights), where each block of rows finds its own.
 
-**Statistics** (sums over the block's valid rows; :mod:`attnprobe.heads.scores` turns them into
-columns). With ``s_i`` the row's mass on its sink keys and ``r_i`` the mass on the other (real)
-keys, ``p_i = a_i / r_i`` on those keys is the row's sink-free distribution. Sink-free means
-weight every row by ``r_i``: a row that is nearly all sink counts nearly nothing, a row with no
-mass left counts nothing, and a head with no mass left anywhere has no sink-free score.
-
-=======================  ===================================================================
-statistic                sum over rows (sink-free ones: ``(sum, Σ r_i)``)
-=======================  ===================================================================
-sink                     ``s_i`` (plus the mass a learned sink took, ``1 - Σ_j a_ij``)
-sink_rate                ``1[s_i > epsilon]``
-column_sink              mass on column sinks that are neither first nor a start token
-rest                     ``r_i``
-prev/self/next_nosink    ``r_i · p_i[i + d]`` (mass at offset ``d`` on a key that is no sink)
-max_weight_nosink        ``r_i · max p_i``
-chance_weight_nosink     ``r_i / m_i``, ``m_i`` = keys the row may see that are no sink (≥ 1)
-entropy_norm_nosink      ``r_i · H(p_i) / ln m_i`` (rows with ``m_i ≥ 2``)
-argmax_nosink@d          ``r_i · 1[argmax p_i is at offset d]`` (plain sums, divided by
-                         ``rest`` in the score table)
-=======================  ===================================================================
+The statistics judged on the mass left after the sink keys (``sink``, ``rest``,
+``*_nosink``) are :mod:`attnprobe.heads.stats.sinks`.
 """
 
 from __future__ import annotations
@@ -46,16 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from attnprobe.core.divergence import entropy
-from attnprobe.core.reducers import RowBlock, Sums
+from attnprobe.core.reducers import RowBlock
 from attnprobe.errors import InputError
 
-__all__ = ["NAMED_OFFSETS", "SinkRule", "SinkView", "aligned", "pairs_seen", "sink_keys",
-           "sink_sums", "sink_view"]
-
-NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}
+__all__ = ["SinkRule", "SinkView", "aligned", "pairs_seen", "sink_keys", "sink_view"]
 
 
 @dataclass(frozen=True)
@@ -163,9 +140,6 @@ class SinkView:
         sinks: ``[batch, head, key]`` every sink key of each head.
         index / used: ``[batch, head, m]`` the sink keys' indices, padded (``used`` False).
         on_sinks: ``[batch, head, query, m]`` the weights on them (0 on the padding).
-        free: ``[batch, head, query, key]`` the weights with the sink keys zeroed.
-        rest: ``[batch, head, query]`` mass on the keys that are no sink.
-        top_weight / top_key: ``[batch, head, query]`` the largest of ``free`` and its key.
         seen: ``[batch, query, key]`` the pairs the block's rows may attend to
             (:func:`pairs_seen`).
     """
@@ -175,146 +149,35 @@ class SinkView:
     index: torch.Tensor
     used: torch.Tensor
     on_sinks: torch.Tensor
-    free: torch.Tensor
-    rest: torch.Tensor
-    top_weight: torch.Tensor
-    top_key: torch.Tensor
     seen: torch.Tensor
 
-    def raw_top(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(max, argmax)`` of every key of each row, as ``a.max(-1)`` gives them (the first
-        key of equal weights), read off the sink-free maximum and the sink keys' weights
-        instead of one more pass over the weights."""
-        sink_weight, which = self.on_sinks.max(-1)
-        sink_key = _per_query(self.index, which)
-        wins = (sink_weight > self.top_weight) | (
-            (sink_weight == self.top_weight) & (sink_key < self.top_key))
-        return (torch.where(wins, sink_weight, self.top_weight),
-                torch.where(wins, sink_key, self.top_key))
+    def is_sink(self, key: torch.Tensor) -> torch.Tensor:
+        """``[batch, head, query]`` bool: whether each row's ``key`` index is a sink key of its
+        head (``key`` ``[batch, head, query]``, or ``[batch, query]`` for every head; an index
+        past the last key is none)."""
+        n_keys = self.sinks.shape[-1]
+        if key.ndim == 2:
+            key = key[:, None, :].expand(-1, self.sinks.shape[1], -1)
+        padded = torch.nn.functional.pad(self.sinks, (0, 1))  # index n_keys: no sink
+        return torch.gather(padded, -1, key.clamp(max=n_keys))
 
-
-def _per_query(index: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
-    """``index[b, h, which[b, h, q]]`` ``[batch, head, query]``."""
-    return torch.gather(index, -1, which.reshape(which.shape[0], which.shape[1], -1)
-                        ).view_as(which)
+    def free_rows(self, a: torch.Tensor, real: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(rest, max, argmax)`` ``[batch, head, query]`` of each row over its real keys
+        that are no sink: the mass left and where its largest weight is (the first of equal
+        weights; 0 at key 0 for a row with nothing left)."""
+        free = a * (real[:, None, :] & ~self.sinks)[:, :, None, :].to(a)
+        return free.sum(-1), *free.max(-1)
 
 
 def sink_view(block: RowBlock, a: torch.Tensor, start_ids: torch.Tensor | None,
               rule: SinkRule) -> SinkView:
-    """Find the sink keys of a block (``a`` ``[batch, head, query, key]`` float) and split its
-    weights at them (:class:`SinkView`)."""
+    """Find the sink keys of a block (``a`` ``[batch, head, query, key]`` float) and the
+    weights on them (:class:`SinkView`)."""
     seen = pairs_seen(block, a)
     fixed, sinks = sink_keys(block, a, seen, start_ids, rule)
     index, used = _sink_columns(sinks)
     n_batch, n_heads, q_len, _ = a.shape
     on_sinks = torch.gather(a, -1, index[:, :, None, :].expand(n_batch, n_heads, q_len, -1))
     on_sinks = on_sinks * used[:, :, None, :]
-    free_keys = block.real_keys().to(a.device)[:, None, :] & ~sinks  # [batch, head, key]
-    free = a * free_keys[:, :, None, :].to(a)
-    top_weight, top_key = free.max(-1)
-    return SinkView(fixed, sinks, index, used, on_sinks, free, free.sum(-1), top_weight,
-                    top_key, seen)
-
-
-def _at_offsets(view: SinkView, rel: torch.Tensor, real: torch.Tensor, is_aligned: bool
-                ) -> torch.Tensor:
-    """``[batch, head, query, 3]``: the sink-free weight on the real key at offset -1, 0, +1
-    of each row (0 where there is none): diagonals when the block is aligned, else read by
-    index."""
-    w = view.free
-    batch, n_heads, q_len, _ = w.shape
-    out = []
-    for d in NAMED_OFFSETS:
-        if is_aligned:  # padding keys hold no weight, so the diagonal needs no mask
-            diagonal = w.diagonal(d, 2, 3)  # rows max(0, -d) ..
-            out.append(F.pad(diagonal, (max(0, -d), q_len - diagonal.shape[-1] - max(0, -d))))
-            continue
-        hit = (rel == d) & real[:, None, :]  # [batch, query, key]
-        where = hit.to(torch.uint8).argmax(-1)  # [batch, query]
-        index = where[:, None, :, None].expand(batch, n_heads, q_len, 1)
-        out.append(torch.gather(w, -1, index)[..., 0] * hit.any(-1)[:, None, :])
-    return torch.stack(out, -1)
-
-
-def _offset_bins(offsets: torch.Tensor, weights: torch.Tensor, n_heads: int,
-                 max_offset: int | None) -> dict[str, torch.Tensor]:
-    """``argmax_nosink@<offset>`` sums ``[head]`` of ``weights`` ``[batch, head, query]``
-    (zero on rows that do not count) by the argmax offset ``[batch, head, query]``."""
-    used = weights > 0
-    if not bool(used.any()):
-        return {}
-    if max_offset is not None:  # every far offset into one bin (one past the limit)
-        offsets = torch.where(offsets.abs() > max_offset, max_offset + 1, offsets)
-    lo = int(torch.where(used, offsets, offsets.max()).min())
-    hi = int(torch.where(used, offsets, offsets.min()).max())
-    n_bins = hi - lo + 1
-    heads = torch.arange(n_heads, device=offsets.device)[None, :, None]
-    # rows that do not count have weight 0 and add nothing, wherever they land
-    index = (offsets.clamp(lo, hi) - lo) + n_bins * heads
-    sums = torch.zeros(n_heads * n_bins, dtype=torch.float64, device=offsets.device)
-    sums.index_add_(0, index.flatten(), weights.flatten().to(torch.float64))
-    sums = sums.view(n_heads, n_bins)
-    out: dict[str, torch.Tensor] = {}
-    for b in (sums > 0).any(0).nonzero()[:, 0].tolist():
-        offset = lo + b
-        label = "far" if max_offset is not None and abs(offset) > max_offset else f"{offset:+d}"
-        name = f"argmax_nosink@{label}"
-        out[name] = out[name] + sums[:, b] if name in out else sums[:, b]
-    return out
-
-
-def sink_sums(block: RowBlock, a: torch.Tensor, rel: torch.Tensor, view: SinkView,
-              rule: SinkRule, max_offset: int | None = None,
-              row_entropy: torch.Tensor | None = None) -> dict[str, Sums]:
-    """Every statistic of the module docstring for one block.
-
-    ``a`` ``[batch, head, query, key]`` float; ``rel`` ``[batch, query, key]`` key position
-    minus query position; ``view``: :func:`sink_view` of the block; ``row_entropy``
-    ``[batch, head, query]``: ``entropy(a)`` when the caller has it already.
-    """
-    seen = view.seen
-    real = block.real_keys().to(a.device)
-    rest = view.rest
-    only_column = view.used & ~torch.gather(view.fixed[:, None, :].expand_as(view.sinks), -1,
-                                            view.index)
-    sink = view.on_sinks.sum(-1)
-    if block.learned_sink:  # the mass a learned sink took is sink mass too
-        sink = sink + (1 - a.sum(-1)).clamp(min=0)
-    column = (view.on_sinks * only_column[:, :, None, :]).sum(-1)
-    # r_i H(p_i) = -Σ_(j no sink) a_ij ln a_ij + r_i ln r_i, the first term being the row's
-    # entropy less its sink keys' terms
-    row_entropy = entropy(a) if row_entropy is None else row_entropy
-    weighted_entropy = row_entropy - entropy(view.on_sinks) + torch.special.xlogy(rest, rest)
-    free_keys = (real[:, None, :] & ~view.sinks).to(a)
-    m = torch.einsum("bqk,bhk->bhq", seen.to(a), free_keys)  # keys seen that are no sink
-    valid = block.query_valid.to(a.device)[:, None, :] & (rest > 0)
-    several = valid & (m >= 2)
-    log_m = torch.where(several, m, 2.0).log()
-
-    # rows' statistics stacked on a last axis, so each mask is applied and summed once
-    query_valid = block.query_valid.to(a.device)[:, None, :, None]
-    plain = torch.stack([sink, (sink > rule.epsilon).to(a), column, rest], -1)
-    plain = torch.where(query_valid, plain.to(torch.float64), 0.0).sum(dim=(0, 2))  # [head, 4]
-    is_aligned = aligned(block)
-    at_offset = _at_offsets(view, rel, real, is_aligned)  # [batch, head, query, 3]
-    weighted = torch.cat([view.top_weight[..., None], (rest / m.clamp(min=1))[..., None],
-                          at_offset, rest[..., None]], -1)
-    weighted = torch.where(valid[..., None], weighted, 0.0).sum(dim=(0, 2),
-                                                                dtype=torch.float64)
-    mass = weighted[:, -1]  # Σ r_i over the rows with mass left
-    several_sums = torch.stack([weighted_entropy / log_m, rest], -1)
-    several_sums = torch.where(several[..., None], several_sums, 0.0).sum(dim=(0, 2),
-                                                                          dtype=torch.float64)
-    out: dict[str, Sums] = {name: plain[:, i] for i, name in
-                            enumerate(("sink", "sink_rate", "column_sink", "rest"))}
-    out["max_weight_nosink"] = (weighted[:, 0], mass)
-    out["chance_weight_nosink"] = (weighted[:, 1], mass)
-    out["entropy_norm_nosink"] = (several_sums[:, 0], several_sums[:, 1])
-    for i, name in enumerate(NAMED_OFFSETS.values()):
-        out[f"{name}_nosink"] = (weighted[:, 2 + i], mass)
-    if is_aligned:
-        offsets = view.top_key - torch.arange(a.shape[2], device=a.device)
-    else:
-        offsets = torch.gather(rel[:, None].expand_as(a), -1, view.top_key[..., None])[..., 0]
-    out.update(_offset_bins(offsets, torch.where(valid, rest, 0.0), a.shape[1], max_offset))
-    return out
+    return SinkView(fixed, sinks, index, used, on_sinks, seen)

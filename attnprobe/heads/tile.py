@@ -1,0 +1,191 @@
+"""One block of attention rows and what the census statistics share, each computed once.
+
+The census reads about thirty numbers per head off every block of weights the capture hands
+over (:class:`~attnprobe.core.reducers.RowBlock`, ``[batch, head, query, key]``). Computed
+one statistic at a time they would cost as much as the forward itself, so each statistic
+(:mod:`attnprobe.heads.stats`) reads from one :class:`Tile` whose quantities are computed on
+first use and kept: the row entropies and maxima, the weight at each relative offset, the
+mass on each token class, the sink keys and the sink-free mass and maximum. Full passes
+over the weights: the entropy, the maximum, the column sums (sink candidates), the sink-free
+rows, one per-offset sum over the batch, and the token-class masses. Token matches
+(duplicate, induction) are read at the matching pairs only, never through a ``[query, key,
+pattern]`` tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from attnprobe.core.divergence import entropy
+from attnprobe.core.reducers import RowBlock
+from attnprobe.heads.sinks import SinkRule, SinkView, aligned, sink_view
+
+__all__ = ["START_ROLES", "Tile", "TileSpec"]
+
+START_ROLES = ("bos", "cls")  # start tokens: sink keys wherever they stand
+
+
+@dataclass(frozen=True, eq=False)
+class TileSpec:
+    """What the statistics of every tile of one census share.
+
+    Attributes:
+        classes: token class -> ids (:func:`attnprobe.core.tokens.token_classes`); empty
+            without a tokenizer.
+        max_offset: offsets beyond ±max_offset share one ``far`` bin (None: a bin each).
+        sinks: how column sinks are found.
+        prefix: prepended to the token-match names (``rep_`` for the repeated-token probe).
+    """
+
+    classes: dict[str, torch.Tensor] = field(default_factory=dict)
+    max_offset: int | None = None
+    sinks: SinkRule = field(default_factory=SinkRule)
+    prefix: str = ""
+
+    @cached_property
+    def start_ids(self) -> torch.Tensor | None:
+        starts = [self.classes[role] for role in START_ROLES if role in self.classes]
+        return torch.cat(starts) if starts else None
+
+    @cached_property
+    def special(self) -> torch.Tensor:
+        return self.classes.get("special", torch.empty(0, dtype=torch.long))
+
+
+class Tile:
+    """A block of rows (``a`` ``[batch, head, query, key]`` float32) and its shared
+    quantities, each a cached property (module docstring)."""
+
+    def __init__(self, block: RowBlock, spec: TileSpec) -> None:
+        self.block = block
+        self.spec = spec
+        pattern = block.pattern
+        self.a = pattern if pattern.dtype == torch.float32 else pattern.float()
+        self.device = self.a.device
+
+    # ---------------------------------------------------------------- positions
+    @cached_property
+    def rows(self) -> torch.Tensor:
+        """``[batch, query]`` bool: the valid (real) query rows."""
+        return self.block.query_valid.to(self.device)
+
+    @cached_property
+    def real(self) -> torch.Tensor:
+        """``[batch, key]`` bool: real keys."""
+        return self.block.real_keys().to(self.device)
+
+    @cached_property
+    def aligned(self) -> bool:
+        """Whether real tokens sit at their own index (offsets are diagonals)."""
+        return aligned(self.block)
+
+    @cached_property
+    def rel(self) -> torch.Tensor:
+        """``[batch, query, key]`` key position minus query position."""
+        block = self.block
+        return (block.key_pos[:, None, :] - block.query_pos[:, :, None]).to(self.device)
+
+    @cached_property
+    def key_index(self) -> torch.Tensor:
+        """``[batch, positions + 1]``: the key index of each real token position (the last
+        column, and positions that are no key, hold ``keys``: out of range)."""
+        block = self.block
+        n_keys = block.key_pos.shape[1]
+        width = int(block.key_pos.max()) + 2 if block.key_pos.numel() else 1
+        index = torch.full((block.key_pos.shape[0], width), n_keys, dtype=torch.long)
+        b, k = (block.key_pos >= 0).nonzero(as_tuple=True)
+        index[b, block.key_pos[b, k]] = k
+        return index.to(self.device)
+
+    def offset_key(self, offset: int) -> torch.Tensor:
+        """``[batch, query]``: the key index at ``query position + offset`` (``keys`` where
+        there is no such real key)."""
+        index = self.key_index
+        target = (self.block.query_pos.to(self.device) + offset).clamp(min=-1)
+        target = torch.where(target < 0, index.shape[1] - 1, target.clamp(max=index.shape[1] - 1))
+        return torch.gather(index, 1, target)
+
+    def at_offset(self, offset: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """``[batch, head, query]``: the weight each row gives the real key at ``offset``
+        (0 where there is none), of ``weights`` (default the tile's)."""
+        w = self.a if weights is None else weights
+        batch, n_heads, q_len, k_len = w.shape
+        if self.aligned:  # padding keys hold no weight: the diagonal needs no mask
+            diagonal = w.diagonal(offset, 2, 3)
+            start = max(0, -offset)
+            return torch.nn.functional.pad(diagonal, (start, q_len - diagonal.shape[-1] - start))
+        key = self.offset_key(offset)  # [batch, query]
+        found = key < k_len
+        index = key.clamp(max=k_len - 1)[:, None, :, None].expand(batch, n_heads, q_len, 1)
+        return torch.gather(w, -1, index)[..., 0] * found[:, None, :]
+
+    # --------------------------------------------------------------- row passes
+    @cached_property
+    def entropy(self) -> torch.Tensor:
+        """``[batch, head, query]`` row entropies (nats)."""
+        return entropy(self.a)
+
+    @cached_property
+    def sinks(self) -> SinkView | None:
+        """The sink keys of each head and the weights on them (None without a real pair)."""
+        if not bool((self.real[:, None, :] & self.rows[:, :, None]).any()):
+            return None
+        return sink_view(self.block, self.a, self.spec.start_ids, self.spec.sinks)
+
+    @cached_property
+    def top(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(max, argmax)`` ``[batch, head, query]`` of every row (the first of equal
+        weights)."""
+        return self.a.max(-1)
+
+    @cached_property
+    def free_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(rest, max, argmax)`` ``[batch, head, query]`` of every row over its real keys
+        that are no sink key (:meth:`~attnprobe.heads.sinks.SinkView.free_rows`)."""
+        return self.sinks.free_rows(self.a, self.real)
+
+    @cached_property
+    def row_mass(self) -> torch.Tensor:
+        """``[batch, head, query]`` each row's mass on the real keys (1 but for edits and
+        learned sinks)."""
+        return self.class_masses["real"]
+
+    # --------------------------------------------------------------- key classes
+    @cached_property
+    def content(self) -> torch.Tensor:
+        """``[batch, key]`` bool: real keys that are no special token (needs key ids)."""
+        k_ids = self.block.require_ids("content-token")[1].to(self.device)
+        return self.real & ~torch.isin(k_ids, self.spec.special.to(self.device))
+
+    def key_at(self, keys: torch.Tensor, offset: int) -> torch.Tensor:
+        """``[batch, query]`` bool: whether ``keys`` (``[batch, key]`` bool) holds the key at
+        ``query position + offset``."""
+        padded = torch.nn.functional.pad(keys, (0, 1))  # index ``keys``: no such key
+        return torch.gather(padded, 1, self.offset_key(offset))
+
+    def mass_on_pairs(self, pairs: torch.Tensor) -> torch.Tensor:
+        """``[batch, head, query]``: each row's mass on the keys ``pairs`` (``[batch, query,
+        key]`` bool, sparse: a token's earlier copies) marks, read at those pairs only."""
+        b, q, k = pairs.nonzero(as_tuple=True)
+        out = self.a.new_zeros(self.a.shape[0], self.a.shape[2], self.a.shape[1])
+        out.index_put_((b, q), self.a[b, :, q, k], accumulate=True)
+        return out.transpose(1, 2)
+
+    @cached_property
+    def class_masses(self) -> dict[str, torch.Tensor]:
+        """``name -> [batch, head, query]`` mass on the real keys (``real``), the first token,
+        each token class and the content keys (``content``: real and no special token; the
+        classes and content need key ids), in one batched product over the keys."""
+        block = self.block
+        features = {"real": self.real, "first": (block.key_pos.to(self.device) == 0) & self.real}
+        if block.key_ids is not None:
+            k_ids = block.key_ids.to(self.device)
+            for name, ids in self.spec.classes.items():
+                features[name] = torch.isin(k_ids, ids.to(self.device)) & self.real
+            features["content"] = self.content
+        stacked = torch.stack(list(features.values()), -1).to(self.a)  # [batch, key, f]
+        masses = torch.einsum("bhqk,bkf->bhqf", self.a, stacked)
+        return {name: masses[..., i] for i, name in enumerate(features)}
