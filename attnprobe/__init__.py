@@ -1,10 +1,10 @@
 """attnprobe: capture, analyse, perturb and report attention heads of any PyTorch model.
 
 ``import attnprobe`` needs only torch, numpy and pandas: transformers, captum, spaCy and
-matplotlib are imported when a function needs them, and the ``attribution``, ``perturb``,
-``plot``, ``report``, ``models`` and ``tasks`` packages load on first use (``ap.perturb.run``),
-so that importing attnprobe stays light. ``dir(attnprobe)`` lists every entry point (without
-loading them).
+matplotlib are imported when a function needs them, and the ``attribution``, ``patch``,
+``perturb``, ``plot``, ``report``, ``models`` and ``tasks`` packages load on first use
+(``ap.perturb.run``), so that importing attnprobe stays light. ``dir(attnprobe)`` lists every
+entry point (without loading them).
 """
 
 from importlib import import_module
@@ -39,7 +39,7 @@ from attnprobe.types import (
 )
 
 # Sub-packages loaded on first use (a light `import attnprobe`, not a way around a cycle).
-_ON_USE = ("attribution", "models", "perturb", "plot", "report", "tasks")
+_ON_USE = ("attribution", "models", "patch", "perturb", "plot", "report", "tasks")
 # Modules of the ground floor that are public too (``ap.types.MAP_COLUMNS``, ``ap.errors``).
 _MODULES = ("core", "errors", "types")
 
@@ -68,6 +68,7 @@ __all__ = [
     "load_maps",
     "load_model",
     "models",
+    "patch",
     "perturb",
     "plot",
     "report",

@@ -1,4 +1,4 @@
-"""The ``attnprobe`` command: models, extract, heads, syntax, compare, perturb, report.
+"""The ``attnprobe`` command: models, extract, heads, syntax, compare, perturb, patch, report.
 
 Every command exits non-zero with a one-line message on bad input (2; 130 on Ctrl-C, also
 while the command starts: :mod:`attnprobe.core.interrupt`). Each
@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.commands import census, compare, diff, extract, models, perturb, report
+from attnprobe.commands import census, compare, diff, extract, models, patch, perturb, report
 from attnprobe.commands.common import Parser, distributed_group
 from attnprobe.core.interrupt import EXIT_INTERRUPTED, INTERRUPTED, end_startup
 from attnprobe.core.version import __version__
@@ -21,7 +21,7 @@ from attnprobe.errors import AttnProbeError
 
 __all__ = ["COMMANDS", "build_parser", "distributed_group", "main", "show_warning"]
 
-COMMANDS = (models, extract, census, compare, perturb, report, diff)
+COMMANDS = (models, extract, census, compare, perturb, patch, report, diff)
 
 
 def build_parser() -> Parser:

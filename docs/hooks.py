@@ -58,8 +58,6 @@ EXTERNAL_LOAD = re.compile(r"<(?:script|link|img|iframe|source|embed|object)\b[^
 KNOWN_DOCSTRING_FAULTS: tuple[tuple[str, str], ...] = (
     # an Args entry that names no parameter ("The rest as :func:`attribute`.")
     ("attnprobe/attribution/methods.py", "pair from 'The rest as"),
-    # "Others: :func:`run`." in Args: no parameter is called Others
-    ("attnprobe/patch/experiments.py", "parameter 'Others'"),
 )
 
 _spans: dict[str, str] = {}

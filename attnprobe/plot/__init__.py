@@ -24,19 +24,29 @@ function                    draws (from)
 :func:`head_effects`        mean change per head of a perturbation, layer × head heatmap
                             (``perturb.run`` table)
 :func:`pruning_curve`       output metrics vs heads pruned (``perturb.run`` importance table)
+:func:`patching_effect`     mean normalised effect per patch, layer × head (heads × position
+                            for ``positions="each"``) (``patch.heads`` / ``path`` /
+                            ``attribution`` table)
 :func:`generation_attention`  what the step that wrote each token attended to, and its share
                             on the prompt (AttentionMap from ``extract(..., generate=N)``)
+:func:`logit_attribution`   each head's direct part of a metric (layer × head) and the
+                            component groups as bars (LogitAttribution / its table)
+:func:`composition`         Q/K/V-composition, writer heads × reader heads per kind
+                            (Composition / its table)
 ==========================  ===================================================================
 """
 
 from attnprobe.plot.attention import attention_head, model_view
 from attnprobe.plot.attribution import agreement_by_layer, token_heat
+from attnprobe.plot.circuits import composition, logit_attribution
 from attnprobe.plot.generation import generation_attention
 from attnprobe.plot.heads import head_clusters, head_grid, layer_profile
 from attnprobe.plot.offsets import offset_profile
+from attnprobe.plot.patching import patching_effect
 from attnprobe.plot.perturbation import head_effects, pruning_curve
 from attnprobe.plot.syntax import syntax_accuracy
 
-__all__ = ["agreement_by_layer", "attention_head", "generation_attention", "head_clusters",
-           "head_effects", "head_grid", "layer_profile", "model_view", "offset_profile",
-           "pruning_curve", "syntax_accuracy", "token_heat"]
+__all__ = ["agreement_by_layer", "attention_head", "composition", "generation_attention",
+           "head_clusters", "head_effects", "head_grid", "layer_profile", "logit_attribution",
+           "model_view", "offset_profile", "patching_effect", "pruning_curve", "syntax_accuracy",
+           "token_heat"]

@@ -44,7 +44,7 @@ def copies_by_loop(block, name):
             if ids[b, q] == SPECIAL:
                 continue
 
-            def hit(k, b=b, q=q):
+            def hit(k, b=b, q=q, real=real, pos=pos):
                 before = [j for j in real if pos[j] == pos[k] - 1]
                 follows = bool(before) and ids[b, before[0]] == ids[b, q]
                 same = ids[b, k] == ids[b, q]

@@ -23,9 +23,10 @@ def test_importing_the_package_imports_no_plotting_library():
 
 def test_every_entry_point_is_exported():
     assert sorted(plot.__all__) == sorted(
-        ["agreement_by_layer", "attention_head", "generation_attention", "head_clusters",
-         "head_effects", "head_grid", "layer_profile", "model_view", "offset_profile",
-         "pruning_curve", "syntax_accuracy", "token_heat"])
+        ["agreement_by_layer", "attention_head", "composition", "generation_attention",
+         "head_clusters", "head_effects", "head_grid", "layer_profile", "logit_attribution",
+         "model_view", "offset_profile", "patching_effect", "pruning_curve", "syntax_accuracy",
+         "token_heat"])
     assert all(callable(getattr(plot, name)) for name in plot.__all__)
 
 

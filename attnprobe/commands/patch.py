@@ -1,0 +1,230 @@
+"""``attnprobe patch``: activation, path and attribution patching with a clean and a corrupted
+input per example."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text
+from attnprobe.commands.common import (
+    corpus_options,
+    distributed_group,
+    ids_value,
+    non_negative,
+    positive,
+    scope_value,
+    table_path,
+    texts_from_args,
+    write_table,
+    wrote,
+)
+from attnprobe.core.files import check_outputs
+from attnprobe.core.scope import SCOPE_FORMS
+from attnprobe.errors import AttnProbeError, InputError
+
+PATCH_EXAMPLE = """examples:
+  attnprobe patch --model ./my-lm --experiment heads --clean "The Eiffel Tower is in" \\
+      --corrupt "The Colosseum is in" --metric "logit_diff:Paris,Rome" --out heads.csv
+  attnprobe patch --model ref:induction --experiment heads --clean-file clean.txt \\
+      --corrupt-file corrupt.txt --metric logit:next --metric-positions all \\
+      --positions each --direction noising --out each_position.csv
+  attnprobe patch --model ref:induction --experiment path --clean-file clean.txt \\
+      --corrupt-file corrupt.txt --metric logit:next --metric-positions all \\
+      --senders layer:0 --receivers layer:1 --into k --direction noising --out path.csv
+  attnprobe patch --model ./my-lm --experiment attribution --clean-file clean.txt \\
+      --corrupt-file corrupt.txt --metric "logit_diff:Paris,Rome" --compare --out attr.csv
+
+Experiments: heads (activation patching: each head's --site taken from the other run), path
+(path patching: each sender's output reaches only the --receivers' --into inputs; every other
+path frozen), attribution (attribution patching: the gradient estimate of heads from two
+forwards and one backward; --compare also runs heads and prints their correlation).
+--direction denoising runs the corrupted input with clean activations (what is sufficient),
+noising the clean input with corrupted ones (what is necessary). effect = (patched - corrupt)
+/ (clean - corrupt) when denoising, (clean - patched) / (clean - corrupt) when noising: 1 when
+the patch restores (destroys) the whole difference. Clean and corrupted input i must tokenize
+to one length. Sites: output, q, k, v need a transformers model using the attention interface
+(LLaMA, GPT-2, BERT, Qwen2, ...) or a reference model; GPT-Neo, Bloom, DeBERTa ... serve
+pattern only.
+--metric: logit:T, prob:T, logprob:T, logit_diff:A,B, loss, logit:next (prob:next ...),
+next-token (the clean run's top token); --metric-positions (last, all, or 0,3,-1) says where
+it is read. Scopes: {scopes}; a repeated --scope merges.
+Writes one row per example and patch: experiment, example_id, layer, head, position, site,
+direction, metric, clean, corrupt, patched, effect (path: + sender_layer, sender_head,
+receivers, into; --compare: the activation patching rows follow).
+"""
+
+
+def _experiment(text: str) -> str:
+    from attnprobe.patch import EXPERIMENTS
+
+    if text not in EXPERIMENTS:
+        raise argparse.ArgumentTypeError(f"unknown experiment {text!r}; choose one of "
+                                         f"{', '.join(EXPERIMENTS.names())}")
+    return text
+
+
+def _metric_positions(text: str) -> Any:
+    """``--metric-positions``: ``last``, ``all`` or comma-separated integers."""
+    text = text.strip()
+    if text in ("last", "all"):
+        return text
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--metric-positions must be 'last', 'all' or "
+                                         f"integers such as 0,3,-1; got {text!r}") from None
+
+
+def _options() -> list[Any]:
+    from attnprobe.patch import EXPERIMENTS, params_of
+    from attnprobe.patch.params import cli_options
+
+    return cli_options({name: params_of(name) for name in EXPERIMENTS.names()})
+
+
+def _value_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The option's own check as an argparse type: its message, one line, exit 2."""
+    def value(text: str) -> Any:
+        try:
+            return parse(text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return value
+
+
+def _keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """Experiment options from the flags; a flag of another experiment is an error."""
+    keywords: dict[str, Any] = {}
+    for item in _options():
+        value = getattr(args, item.name)
+        if value is None:
+            continue
+        if args.experiment not in item.experiments:
+            raise AttnProbeError(f"{item.flag} applies to --experiment "
+                                 f"{'/'.join(item.experiments)}, not {args.experiment}")
+        keywords[item.name] = value
+    return keywords
+
+
+def _side(args: argparse.Namespace, side: str) -> list[Text]:
+    """The inputs of one side (``clean`` / ``corrupt``): ``--SIDE``, ``--SIDE-file``,
+    ``--SIDE-ids``, in that order."""
+    given = argparse.Namespace(text=getattr(args, side), text_file=getattr(args, f"{side}_file"),
+                               ids=getattr(args, f"{side}_ids"), ids_file=None)
+    return texts_from_args(given, f"pass --{side} \"...\", --{side}-file FILE (one text a "
+                                  f"line) or --{side}-ids \"2 14 15\" (the {side} inputs)")
+
+
+def _print(table: pd.DataFrame, experiment: str) -> None:
+    from attnprobe.patch import summary
+
+    means = summary(table)
+    shown = means.sort_values("effect", ascending=False, key=lambda s: s.abs())
+    columns = [c for c in ("layer", "head", "position", "sender_layer", "sender_head", "into",
+                           "effect", "patched", "clean", "corrupt", "n_examples")
+               if c in shown.columns]
+    first = means.iloc[0]
+    print(f"{table['example_id'].nunique()} example pair(s), {experiment} patching of "
+          f"{first['site']} ({first['direction']}), metric {first['metric']}: mean effect per "
+          "patch, largest first")
+    with pd.option_context("display.width", 160, "display.float_format", "{:.3g}".format):
+        print(shown[columns].to_string(index=False, max_rows=30))
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    from attnprobe.loading import load_model
+    from attnprobe.patch import agreement, run
+
+    out = Path(args.out)
+    table_path(args.out, "--out")
+    check_outputs([("--out", out)], inputs=[(f"--{s}-file", getattr(args, f"{s}_file"))
+                                            for s in ("clean", "corrupt")])
+    if args.compare and args.experiment != "attribution":
+        raise AttnProbeError("--compare applies to --experiment attribution")
+    keywords = _keywords(args)
+    if args.scope and args.experiment == "path":
+        raise AttnProbeError("--experiment path takes --senders and --receivers, not --scope")
+    clean, corrupt = _side(args, "clean"), _side(args, "corrupt")
+    model, tokenizer = load_model(args.model)
+    options = corpus_options(args)
+    if args.experiment == "path":
+        options.pop("scope")
+    with distributed_group(args.distributed) as (rank, world):
+        table = run(model, tokenizer, clean, corrupt, args.metric, args.experiment,
+                    metric_positions=args.metric_positions, max_length=args.max_length,
+                    distributed=world > 1, **options, **keywords)
+        real = None
+        if args.compare:  # the same options: site, positions and direction mean the same
+            real = run(model, tokenizer, clean, corrupt, args.metric, "heads",
+                       metric_positions=args.metric_positions, max_length=args.max_length,
+                       distributed=world > 1, **options, **keywords)
+        if rank != 0:
+            return 0
+    written = pd.concat([table, real], ignore_index=True) if real is not None else table
+    write_table(written, out)
+    wrote(args, f"{len(written)} rows", out)
+    _print(table, args.experiment)
+    if real is not None:
+        found = agreement(table, real)
+        print(f"attribution vs activation patching over {found.n} patches: Pearson "
+              f"{found.pearson:.3f}, Spearman {found.spearman:.3f}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``patch`` to the ``attnprobe`` sub-command parsers."""
+    parser = sub.add_parser("patch", help="activation, path and attribution patching of heads "
+                            "(clean vs corrupted inputs)",
+                            epilog=PATCH_EXAMPLE.format(scopes=SCOPE_FORMS),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="minilm",
+                        help="minilm (default), ref:<name>, or a local HF model directory")
+    parser.add_argument("--experiment", required=True, type=_experiment,
+                        help="heads, path or attribution")
+    for side in ("clean", "corrupt"):
+        parser.add_argument(f"--{side}", action="append", metavar="TEXT",
+                            help=f"a {side} input (repeatable; input i pairs with the other "
+                                 "side's input i)")
+        parser.add_argument(f"--{side}-file", help=f"a UTF-8 file with one {side} input a line")
+        parser.add_argument(f"--{side}-ids", action="append", type=ids_value, metavar="IDS",
+                            help=f"a {side} input as token ids, e.g. \"2 14 15\" (repeatable)")
+    parser.add_argument("--metric", required=True,
+                        help="what is measured: logit:T, prob:T, logprob:T, logit_diff:A,B, "
+                             "loss, logit:next, next-token")
+    parser.add_argument("--metric-positions", type=_metric_positions, default="last",
+                        help="where the metric reads: last (default), all, or positions "
+                             "such as 0,3,-1")
+    parser.add_argument("--scope", action="append", type=scope_value, metavar="SCOPE",
+                        help=f"heads patched (heads, attribution; repeatable, merged): "
+                             f"{SCOPE_FORMS}; default all")
+    parser.add_argument("--batch-size", type=positive, default=DEFAULT_BATCH_SIZE,
+                        help=f"forward rows: examples x patches (attribution: examples) "
+                             f"(default {DEFAULT_BATCH_SIZE})")
+    long = parser.add_mutually_exclusive_group()
+    long.add_argument("--truncate", action="store_true",
+                      help="cut pairs longer than the model allows (both inputs alike)")
+    long.add_argument("--skip-long", action="store_true",
+                      help="leave out pairs longer than the model allows")
+    parser.add_argument("--max-length", type=positive, help="cap on tokens per input")
+    parser.add_argument("--seed", type=non_negative, default=0,
+                        help="part of the shared options; patching draws nothing at random")
+    parser.add_argument("--distributed", action="store_true",
+                        help="under torchrun (WORLD_SIZE > 1): split the work over the "
+                             "processes (gloo); rank 0 writes and prints")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar or 'wrote' notes on stderr")
+    for item in _options():
+        parser.add_argument(item.flag, dest=item.name, type=_value_type(item.parse),
+                            metavar=item.metavar, help=item.help)
+    parser.add_argument("--compare", action="store_true",
+                        help="attribution: also run activation patching (heads) with the "
+                             "same options, write its rows too and print the correlation")
+    parser.add_argument("--out", default="patch.csv",
+                        help="result table: .csv, .parquet or .json (default patch.csv)")
+    parser.set_defaults(run=cmd_patch)

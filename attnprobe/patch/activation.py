@@ -1,0 +1,157 @@
+"""Activation patching per head (``experiment="heads"``; :func:`attnprobe.patch.heads`).
+
+Follows the definition of methods.md §16 (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022;
+Heimersheim & Nanda 2024): two inputs of equal length, clean ``x`` and corrupted ``x̃``, and a
+scalar metric ``m``. **Denoising** runs ``x̃`` with one activation ``a`` — a head's output,
+pattern, q, k or v, at every position or at one — set to its value in the run on ``x``:
+``effect = (m_patched − m(x̃)) / (m(x) − m(x̃))`` (what is *sufficient*). **Noising** runs ``x``
+with ``a`` from ``x̃``: ``effect = (m(x) − m_patched) / (m(x) − m(x̃))`` (what is *necessary*).
+
+**Batched**: per batch of ``b`` examples, the clean and corrupted runs read the site's tensor
+of every scoped layer once; then each forward runs the base input repeated for ``c`` patches
+(``b · c <= batch_size`` rows), a different patch in every repetition
+(:class:`~attnprobe.patch.units.RowPatch`). A forward's patches share their first patched
+layer where they can (:func:`~attnprobe.patch.units.chunks`), and the layers before it run
+on the examples once (:mod:`attnprobe.patch.late_tiling`). Only the layers a forward patches
+are in its capture scope: the others keep the model's fast attention (SDPA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attnprobe.capture.info import attention_sizes
+from attnprobe.capture.text import batch_spans
+from attnprobe.core.scope import Scope
+from attnprobe.patch.job import Job, Runs, register_experiment
+from attnprobe.patch.late_tiling import LateTiling
+from attnprobe.patch.pairs import DIRECTIONS
+from attnprobe.patch.params import Params, option
+from attnprobe.patch.sites import SITES, rewriter, site_spec
+from attnprobe.patch.table import Row, tidy
+from attnprobe.patch.units import PER, RowPatch, Unit, chunks, forward_rows, tiled, units_of
+
+__all__ = ["POSITIONS", "HeadsParams", "head_sizes", "patch_heads"]
+
+POSITIONS = ("all", "each")
+
+
+@dataclass(frozen=True)
+class HeadsParams(Params):
+    site: str = option("output", "the activation patched: per-head output z, pattern, q, k "
+                       "or v (k/v: key/value heads)", choices=tuple(SITES))
+    positions: str = option("all", "patch every position at once, or each position alone",
+                            choices=POSITIONS)
+    direction: str = option("denoising", "denoising: the corrupted run with clean "
+                            "activations (sufficiency); noising: the reverse (necessity)",
+                            choices=DIRECTIONS)
+    per: str = option("head", "what one patch covers: one head, one layer's scoped heads, or "
+                      "every scoped head at once", choices=PER)
+
+
+def head_sizes(job: Job, scope: Scope, tensors: tuple[str, ...]) -> dict[int, dict[str, int]]:
+    """Per scoped layer, the heads along each tensor's head axis (read off one forward of the
+    first clean example: grouped-query models have fewer key/value heads)."""
+    first = slice(0, 1)
+    clean, _ = job.pairs.encoded(job.model, job.tokenizer, first)
+    _, acts = job.read(clean, scope, tensors)
+    sizes: dict[int, dict[str, int]] = {}
+    for name, layers in acts.items():
+        for layer, tensor in layers.items():
+            sizes.setdefault(layer, {})[name] = int(tensor.shape[1])
+    return sizes
+
+
+def query_tensor(site: str) -> str:
+    """The tensor whose head axis counts the query heads next to ``site``'s own (``q`` for
+    the grouped keys and values)."""
+    spec = site_spec(site)
+    return "q" if spec.kv_heads else spec.tensor
+
+
+def axis_sizes(job: Job, scope: Scope, site: str) -> dict[int, tuple[int, int]]:
+    """Per scoped layer ``(query heads, heads along the site's axis)``, from one forward of
+    the first clean example."""
+    spec, query = site_spec(site), query_tensor(site)
+    found = head_sizes(job, scope, tuple(dict.fromkeys((query, spec.tensor))))
+    return {layer: (names[query], names[spec.tensor]) for layer, names in found.items()}
+
+
+@register_experiment("heads", HeadsParams)
+def patch_heads(job: Job) -> pd.DataFrame:
+    params: HeadsParams = job.params  # type: ignore[assignment]
+    spec, query = site_spec(params.site), query_tensor(params.site)
+    read_scope = Scope(layers=job.scope.layers_in(attention_sizes(job.model)[0]))
+    spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
+    tensors = tuple(dict.fromkeys((spec.tensor, query)))
+    found = job.baselines(spans, read_scope, tensors)
+    clean, corrupt, note = found.clean, found.corrupt, found.note
+    units = units_of(job.scope, {layer: (n[query], n[spec.tensor])
+                                 for layer, n in found.sizes.items()}, params.per)
+    late = LateTiling(job.model)
+
+    def span_units(span: slice) -> list[Unit]:
+        if params.positions == "all":
+            return units
+        width = max(job.pairs.lengths[span])
+        return [u.at(p) for u in units for p in range(width)]
+
+    work = []
+    for span in spans:
+        todo = span_units(span)
+        _, c = forward_rows(job.batch_size, span.stop - span.start, len(todo))
+        work += [(span, start, stop) for start, stop in chunks(todo, c)]
+
+    def one(item: tuple[slice, int, int]) -> list[tuple[int, Row]]:
+        span, start, stop = item
+        chunk = span_units(span)[start:stop]
+        runs = job.runs(span, read_scope, tensors)
+        base = runs.inputs[job.base]
+        b = base["input_ids"].shape[0]
+        source = runs.acts[job.other][spec.tensor]
+        device = base["input_ids"].device
+        patch = RowPatch(chunk, b, device)
+
+        def fn(layer: int, tensor):  # [rows, head, position, ...]
+            return patch.apply(layer, tensor, source[layer])
+
+        scope, parts, copies = Scope(layers=patch.layers), [rewriter(spec, fn)], len(chunk)
+        if _late(job, late, runs, read_scope, tensors, min(patch.layers), copies):
+            with late.from_layer(min(patch.layers), b, copies):
+                output, _ = job.patched(base, scope, parts)
+        else:
+            output, _ = job.patched(tiled(base, copies), scope, parts)
+        values = job.measure(runs.metric, output, base, copies)  # [unit, example]
+        width = 1 if params.positions == "all" else len(span_units(span)) // len(units)
+        rows = []
+        for k, unit in enumerate(chunk):
+            order = (start + k) // width  # the unit's place in scope order
+            for t in range(b):
+                i = span.start + t
+                if unit.position is not None and unit.position >= job.pairs.lengths[i]:
+                    continue  # padding of a shorter example
+                rows.append((order, Row(i, unit.layer, unit.head, unit.position,
+                                        float(values[k, t]))))
+        return rows
+
+    what = f"{len(units)} patch{'es' if len(units) != 1 else ''} of {params.site}"
+    parts = job.sharded(one, work, desc=f"patch heads: {what}")
+    found = sorted((item for part in parts for item in part),
+                   key=lambda x: (x[0], x[1].position or 0, x[1].example))
+    rows = [row for _, row in found]
+    return tidy("heads", rows, ids=job.pairs.ids, clean=clean, corrupt=corrupt,
+                site=params.site, direction=job.direction, metric=job.plan.name, note=note)
+
+
+def _late(job: Job, late: LateTiling, runs: Runs, scope: Scope, tensors: tuple[str, ...],
+          start: int, copies: int) -> bool:
+    """Whether a forward of ``copies`` patches from layer ``start`` on repeats its examples
+    only there (:mod:`attnprobe.patch.late_tiling`; checked once per model)."""
+    if start == 0 or copies < 2 or not late.usable:
+        return False
+    base = runs.inputs[job.base]
+    return late.check(lambda inputs: job.read(inputs, scope, tensors)[0], start,
+                      runs.values[job.base].numpy(),
+                      lambda output, n: job.measure(runs.metric, output, base, n), base)

@@ -1,0 +1,220 @@
+"""Attribution patching (``experiment="attribution"``; :func:`attnprobe.patch.attribution`) and
+its agreement with real activation patching (:func:`agreement`).
+
+Follows methods.md §16 (Nanda 2023, "Attribution patching"; Syed et al. 2023): the change a
+patch of activation ``a`` makes to the metric, to first order at the base run, is
+``m_patched − m_base ≈ Σ (a_other − a_base) · ∂m/∂a`` — evaluated at the corrupted run when
+denoising, at the clean run when noising. The sum runs over the head's ``d_head`` features
+(over the keys for ``pattern``) and, with ``positions="all"``, over the positions; one forward
+per input and **one backward** give every head (× position) at once. ``patched`` is the base
+metric plus that estimate, normalised like activation patching (:mod:`attnprobe.patch.table`).
+Known to be weak where attention saturates (a softmax far from linear): :func:`agreement`
+says how well it ranks heads against a real :func:`attnprobe.patch.heads` table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from attnprobe.capture.text import batch_spans
+from attnprobe.core.display import describe
+from attnprobe.core.scope import Scope
+from attnprobe.errors import InputError
+from attnprobe.patch.activation import POSITIONS, axis_sizes
+from attnprobe.patch.job import Job, register_experiment
+from attnprobe.patch.pairs import DIRECTIONS
+from attnprobe.patch.params import Params, option
+from attnprobe.patch.sites import SITES, site_spec
+from attnprobe.patch.table import Row, check_differs, summary, tidy
+from attnprobe.patch.units import axis_heads
+
+__all__ = ["Agreement", "AttributionParams", "agreement", "patch_attribution"]
+
+JOIN = ("example_id", "layer", "head", "position", "site", "direction", "metric")
+
+
+@dataclass(frozen=True)
+class AttributionParams(Params):
+    site: str = option("output", "the activation patched: per-head output z, pattern, q, k "
+                       "or v (k/v: key/value heads)", choices=tuple(SITES))
+    positions: str = option("all", "patch every position at once, or each position alone",
+                            choices=POSITIONS)
+    direction: str = option("denoising", "denoising: the corrupted run with clean "
+                            "activations (sufficiency); noising: the reverse (necessity)",
+                            choices=DIRECTIONS)
+
+
+@contextmanager
+def _gradients_reach(model: nn.Module) -> Iterator[None]:
+    """Every parameter requires grad for the call (restored after), so the activations are in
+    the autograd graph of a frozen model too; gradients are taken with
+    ``torch.autograd.grad``, so no parameter's ``.grad`` is touched."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def _per_position(product: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, position, ...]`` summed over the features (or keys): ``[batch, head,
+    position]``."""
+    return product.flatten(3).sum(-1) if product.ndim > 3 else product
+
+
+@register_experiment("attribution", AttributionParams)
+def patch_attribution(job: Job) -> pd.DataFrame:
+    params: AttributionParams = job.params  # type: ignore[assignment]
+    spec = site_spec(params.site)
+    sizes = axis_sizes(job, job.scope, params.site)
+    heads = {layer: axis_heads(job.scope, layer, *sizes[layer]) for layer in sorted(sizes)}
+    heads = {layer: h for layer, h in heads.items() if h and job.scope.wants_layer(layer)}
+    scope = Scope(layers=tuple(heads))
+    spans = batch_spans(len(job.pairs), job.batch_size)
+
+    def one(span: slice) -> tuple[np.ndarray, np.ndarray, list[Row]]:
+        clean, corrupt = job.pairs.encoded(job.model, job.tokenizer, span)
+        inputs = {"clean": clean, "corrupt": corrupt}
+        width = clean["input_ids"].shape[1]
+        metric = job.plan.build(job.pairs.index[span], width)
+        output, other = job.read(inputs[job.other], scope, (spec.tensor,))
+        if job.other == "clean":
+            metric = metric.fixed(output, clean)
+        values = {job.other: job.plan.values(metric, output, inputs[job.other])}
+        with _gradients_reach(job.model):
+            output, base = job.read(inputs[job.base], scope, (spec.tensor,), grad=True)
+            if job.base == "clean":
+                metric = metric.fixed(output, clean)
+            m = metric(output, inputs[job.base])
+            layers = list(heads)
+            acts = [base[spec.tensor][layer] for layer in layers]
+            if not m.requires_grad or not all(a.requires_grad for a in acts):
+                raise InputError(f"metric {job.plan.name!r} does not depend on the patched "
+                                 "activations through the autograd graph (a callable metric "
+                                 "that detaches?); attribution patching needs its gradient")
+            grads = torch.autograd.grad(m.sum(), acts, allow_unused=True)
+        values[job.base] = job.plan.values(metric, output, inputs[job.base])
+        rows = []
+        for layer, act, grad in zip(layers, acts, grads, strict=True):
+            if grad is None:
+                grad = torch.zeros_like(act)
+            delta = other[spec.tensor][layer].to(act.dtype) - act.detach()
+            score = _per_position((delta * grad).float())  # [batch, head, position]
+            index = torch.tensor(heads[layer], device=score.device)
+            score = score.index_select(1, index).double().cpu().numpy()
+            base_values = values[job.base].numpy()
+            for t in range(score.shape[0]):
+                i = span.start + t
+                for j, head in enumerate(heads[layer]):
+                    if params.positions == "all":
+                        estimate = base_values[t] + score[t, j].sum()
+                        rows.append(Row(i, layer, head, None, float(estimate)))
+                        continue
+                    for p in range(job.pairs.lengths[i]):
+                        rows.append(Row(i, layer, head, p, float(base_values[t] + score[t, j, p])))
+        return values["clean"].numpy(), values["corrupt"].numpy(), rows
+
+    parts = job.sharded(one, spans, desc=f"patch attribution: {params.site}")
+    clean = np.concatenate([p[0] for p in parts])
+    corrupt = np.concatenate([p[1] for p in parts])
+    note = check_differs(clean, corrupt, job.pairs.ids, job.plan.name)
+    rows = sorted((r for p in parts for r in p[2]),
+                  key=lambda r: (r.layer, r.head, r.position or 0, r.example))
+    return tidy("attribution", rows, ids=job.pairs.ids, clean=clean, corrupt=corrupt,
+                site=params.site, direction=job.direction, metric=job.plan.name, note=note)
+
+
+# ----------------------------------------------------------------------------- agreement
+@dataclass(frozen=True)
+class Agreement:
+    """Attribution patching next to real activation patching.
+
+    ``table``: one row per head (``level="head"``: the mean effect over examples) or per
+    example and head (``"row"``), with ``effect_attribution`` and ``effect_patching``;
+    ``pearson`` / ``spearman``: their correlation over those rows (NaN when fewer than two
+    rows vary); ``n``: how many rows it is over.
+    """
+
+    table: pd.DataFrame
+    pearson: float
+    spearman: float
+    n: int
+    level: str
+
+    def __repr__(self) -> str:
+        what = "heads" if self.level == "head" else "rows"
+        return describe("Agreement", "attribution vs activation patching",
+                        f"pearson {self.pearson:.3g}", f"spearman {self.spearman:.3g}",
+                        f"over {self.n} {what}")
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 2 or np.std(x) == 0 or np.std(y) == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _only(table: pd.DataFrame, experiment: str, what: str) -> pd.DataFrame:
+    if not isinstance(table, pd.DataFrame) or not set(JOIN) | {"effect"} <= set(table.columns):
+        raise InputError(f"{what} must be a patching table (from ap.patch.{experiment})")
+    if "experiment" in table.columns and set(table["experiment"]) != {experiment}:
+        raise InputError(f"{what} must come from ap.patch.{experiment}; it holds "
+                         f"{sorted(set(table['experiment']))}")
+    return table
+
+
+def agreement(attribution: pd.DataFrame, patching: pd.DataFrame, *,
+              level: str = "head") -> Agreement:
+    """Join an :func:`attnprobe.patch.attribution` table with an :func:`attnprobe.patch.heads`
+    table of the same pairs, site, direction and metric, and correlate their effects
+    (Pearson, and Spearman: Pearson of the ranks).
+
+    Args:
+        level: ``"head"`` (the mean effect over examples per head and position: how the two
+            rank heads) or ``"row"`` (every example and head).
+
+    Raises:
+        InputError: tables of other experiments, or nothing in common to join.
+
+    Example:
+        >>> model, tok = ap.load_model("ref:induction")
+        >>> clean = ["t05 t11 t40 t03 t17 t42 t08 t55 t05 t11 t40 t03 t17 t42 t08 t55"]
+        >>> corrupt = ["t60 t61 t62 t63 t01 t02 t04 t06 t05 t11 t40 t03 t17 t42 t08 t55"]
+        >>> copies = list(range(9, 16))  # second-copy positions ([BOS] is position 0)
+        >>> options = dict(scope="layer:1", metric_positions=copies)
+        >>> found = ap.patch.agreement(
+        ...     ap.patch.attribution(model, tok, clean, corrupt, "logit:next", **options),
+        ...     ap.patch.heads(model, tok, clean, corrupt, "logit:next", **options))
+        >>> found.pearson, found.table
+    """
+    attribution = _only(attribution, "attribution", "attribution")
+    patching = _only(patching, "heads", "patching")
+    if level not in ("head", "row"):
+        raise InputError(f"unknown level {level!r}; choose 'head' or 'row'")
+    if level == "head":
+        keys = ["layer", "head", "position", "site", "direction", "metric"]
+        left, right = summary(attribution), summary(patching)
+    else:
+        keys, left, right = list(JOIN), attribution, patching
+    joined = left[[*keys, "effect"]].merge(
+        right[[*keys, "effect"]], on=keys, suffixes=("_attribution", "_patching"))
+    if joined.empty:
+        raise InputError("the attribution and patching tables share no (head, position, site, "
+                         "direction, metric); run both on the same pairs and options")
+    both = joined[["effect_attribution", "effect_patching"]].to_numpy(float)
+    finite = np.isfinite(both).all(1)
+    x, y = both[finite, 0], both[finite, 1]
+    ranks = pd.DataFrame({"x": x, "y": y}).rank().to_numpy(float)
+    return Agreement(joined, _pearson(x, y), _pearson(ranks[:, 0], ranks[:, 1]) if len(x)
+                     else math.nan, int(finite.sum()), level)

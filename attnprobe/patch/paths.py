@@ -1,0 +1,233 @@
+"""Path patching (``experiment="path"``; :func:`attnprobe.patch.path`).
+
+Follows methods.md §16 (Wang et al. 2022, IOI; Goldowsky-Dill et al. 2023): a sender head's
+output from the other run reaches *only* the chosen input (``q``, ``k`` and/or ``v``) of the
+receiver heads; every other path is frozen at the run being patched (the base run: corrupted
+when denoising, clean when noising). Three runs per patch:
+
+A. the clean and corrupted runs (once per batch of examples) keep every head's output z of
+   the layers up to the last receiver's, and every MLP output before it;
+B. the base input with, in every layer before the last receiver's, each sender's z set to the
+   other run's and every other head's z and every MLP output frozen at the base run's (so the
+   residual reaching a receiver is the base residual − the sender's base output + its other
+   output; norms are recomputed from it), recording the receivers' ``into`` inputs — the
+   forward ends there;
+C. the base input with only the receivers' ``into`` inputs replaced by those recorded in B;
+   its metric is ``patched``, normalised like activation patching
+   (:mod:`attnprobe.patch.table`).
+
+Senders are each head of ``senders`` (``per="head"``), each layer's (``"layer"``) or all at
+once (``"scope"``), at every position or one (``positions="each"``: the sender's output at
+that position); only senders in layers before a receiver can reach one. B and C are batched
+like :mod:`attnprobe.patch.activation`: one sender patch per repetition of the examples.
+With grouped-query attention, a receiver's ``k``/``v`` is its key/value head, which the other
+query heads of its group share.
+
+Needs a pre-norm model whose residual stream is a plain sum (the MLPs are found by
+:func:`attnprobe.capture.anatomy.anatomy`: GPT-2, LLaMA-layout decoders, attnprobe's reference
+models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnprobe.capture.anatomy import anatomy
+from attnprobe.capture.info import attention_sizes, model_scope
+from attnprobe.capture.text import batch_spans
+from attnprobe.core.scope import Scope
+from attnprobe.errors import InputError
+from attnprobe.patch.activation import POSITIONS
+from attnprobe.patch.job import Job, register_experiment
+from attnprobe.patch.pairs import DIRECTIONS
+from attnprobe.patch.params import Params, option
+from attnprobe.patch.sites import readers, rewriter, site_spec, tensors_of
+from attnprobe.patch.table import PATH_COLUMNS, Row, tidy
+from attnprobe.patch.units import PER, RowPatch, Unit, axis_heads, forward_rows, tiled, units_of
+
+__all__ = ["INTO", "PathParams", "patch_path"]
+
+INTO = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class PathParams(Params):
+    receivers: str | None = option(None, "path: the receiver heads (a scope; required)")
+    senders: str = option("all", "path: the sender heads (a scope)")
+    into: tuple[str, ...] = option(("q",), "path: the receivers' inputs the senders reach "
+                                   "(several: patched together)", choices=INTO)
+    direction: str = option("denoising", "denoising: the corrupted run with clean "
+                            "activations (sufficiency); noising: the reverse (necessity)",
+                            choices=DIRECTIONS)
+    positions: str = option("all", "patch every position at once, or each position alone",
+                            choices=POSITIONS)
+    per: str = option("head", "what one patch covers: one head, one layer's scoped heads, or "
+                      "every scoped head at once", choices=PER)
+
+
+def _mlps(model: Any, below: int) -> dict[int, torch.nn.Module]:
+    """The MLP modules of the layers before ``below`` (none for attention-only models)."""
+    try:
+        found = anatomy(model)
+    except InputError as exc:
+        raise InputError(f"path patching freezes every other component at the base run, so "
+                         f"it needs a pre-norm residual stream: {exc}") from None
+    return {layer.index: layer.mlp for layer in found.layers
+            if layer.index < below and layer.mlp is not None}
+
+
+@contextmanager
+def _reading(mlps: dict[int, torch.nn.Module], store: dict[int, torch.Tensor]
+             ) -> Iterator[None]:
+    """Forward hooks that keep each MLP's output ``[batch, seq, d_model]`` in ``store``."""
+    with ExitStack() as stack:
+        for layer, module in mlps.items():
+            def keep(module: Any, args: Any, output: Any, layer: int = layer) -> None:
+                store[layer] = output.detach()
+            stack.callback(module.register_forward_hook(keep).remove)
+        yield
+
+
+@contextmanager
+def _frozen(mlps: dict[int, torch.nn.Module], values: dict[int, torch.Tensor], copies: int
+            ) -> Iterator[None]:
+    """Forward hooks that replace each MLP's output by ``values`` repeated ``copies`` times."""
+    with ExitStack() as stack:
+        for layer, module in mlps.items():
+            fixed = values[layer].repeat(copies, *[1] * (values[layer].ndim - 1))
+
+            def freeze(module: Any, args: Any, output: Any,
+                       fixed: torch.Tensor = fixed) -> torch.Tensor:
+                return fixed.to(output.dtype)
+            stack.callback(module.register_forward_hook(freeze).remove)
+        yield
+
+
+@register_experiment("path", PathParams)
+def patch_path(job: Job) -> pd.DataFrame:
+    params: PathParams = job.params  # type: ignore[assignment]
+    if params.receivers is None:
+        raise InputError("path patching needs receivers=SCOPE (CLI --receivers), e.g. "
+                         "'layer:1' or 'heads:1.0,1.2'")
+    n_layers, _ = attention_sizes(job.model)
+    receivers = model_scope(job.model, params.receivers)
+    senders = model_scope(job.model, params.senders)
+    last = max(receivers.layers_in(n_layers))
+    read_scope = Scope(layers=tuple(range(last + 1)))
+    if not any(layer < last for layer in senders.layers_in(n_layers)):
+        raise InputError(f"no sender of {senders} lies in a layer before the last receiver "
+                         f"layer ({last}): a sender reaches only later layers")
+    mlps = _mlps(job.model, last)  # before any forward: a model without a plain residual
+    kept: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+
+    def hooks(span: slice, name: str) -> Any:
+        if not any(key[0] == span.start for key in kept):
+            kept.clear()
+        return _reading(mlps, kept.setdefault((span.start, name), {}))
+
+    spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
+    tensors = tuple(dict.fromkeys(("z", "q", *params.into)))
+    found = job.baselines(spans, read_scope, tensors, hooks)
+    clean, corrupt, note = found.clean, found.corrupt, found.note
+    units = units_of(senders, {la: (n["z"], n["z"]) for la, n in found.sizes.items()
+                               if la < last}, params.per)
+    targets = {name: {la: torch.tensor(axis_heads(receivers, la, n["q"], n[name]))
+                      for la, n in found.sizes.items() if receivers.wants_layer(la)
+                      and axis_heads(receivers, la, n["q"], n[name])}
+               for name in params.into}
+
+    def span_units(span: slice) -> list[Unit]:
+        if params.positions == "all":
+            return units
+        return [u.at(p) for u in units for p in range(max(job.pairs.lengths[span]))]
+
+    work = []
+    for span in spans:
+        todo = span_units(span)
+        _, c = forward_rows(job.batch_size, span.stop - span.start, len(todo))
+        work += [(span, start, c) for start in range(0, len(todo), c)]
+
+    def one(item: tuple[slice, int, int]) -> list[tuple[int, Row]]:
+        span, start, c = item
+        everything = span_units(span)
+        chunk = everything[start:start + c]
+        runs = job.runs(span, read_scope, tensors, hooks)
+        base = runs.inputs[job.base]
+        b = base["input_ids"].shape[0]
+        inputs = tiled(base, len(chunk))
+        recorded = _run_b(job, runs, chunk, inputs, read_scope, params,
+                          mlps, kept[(span.start, job.base)], last)
+        if recorded is None:  # no sender changed anything: every row is the base run
+            values = runs.values[job.base].numpy()[None].repeat(len(chunk), 0)
+        else:
+            values = _run_c(job, runs, recorded, targets, inputs, base, len(chunk))
+        width = len(everything) // len(units)
+        extra = (("receivers", str(receivers)), ("into", ",".join(params.into)))
+        rows = []
+        for k, unit in enumerate(chunk):
+            for t in range(b):
+                i = span.start + t
+                if unit.position is not None and unit.position >= job.pairs.lengths[i]:
+                    continue  # padding of a shorter example
+                rows.append(((start + k) // width, Row(
+                    i, unit.layer, unit.head, unit.position, float(values[k, t]),
+                    (("sender_layer", unit.layer), ("sender_head", unit.head), *extra))))
+        return rows
+
+    parts = job.sharded(one, work, desc=f"patch path: {len(units)} sender patch(es)")
+    ordered = sorted((x for part in parts for x in part),
+                     key=lambda x: (x[0], x[1].position or 0, x[1].example))
+    return tidy("path", [row for _, row in ordered], ids=job.pairs.ids, clean=clean,
+                corrupt=corrupt, site="output", direction=job.direction, metric=job.plan.name,
+                note=note, columns=PATH_COLUMNS)
+
+
+def _run_b(job: Job, runs: Any, chunk: list[Unit], inputs: dict[str, torch.Tensor],
+           scope: Scope, params: PathParams, mlps: dict[int, torch.nn.Module],
+           mlp_values: dict[int, torch.Tensor], last: int
+           ) -> dict[str, dict[int, torch.Tensor]] | None:
+    """Run B (module docstring): the receivers' inputs per name and layer ``[rows, head,
+    position, d_head]``, or None when no sender patch changed anything."""
+    base_z = runs.acts[job.base]["z"]
+    other_z = runs.acts[job.other]["z"]
+    copies = len(chunk)
+    patch = RowPatch(chunk, inputs["input_ids"].shape[0] // copies,
+                     inputs["input_ids"].device)
+
+    def senders_only(layer: int, z: torch.Tensor) -> torch.Tensor:
+        if layer >= last:
+            return z
+        z.copy_(base_z[layer].repeat(copies, 1, 1, 1))  # every head frozen at the base run
+        return patch.apply(layer, z, other_z[layer])  # ... but the senders
+
+    parts = [rewriter(site_spec("output"), senders_only), *readers(params.into)]
+    with _frozen(mlps, mlp_values, copies):
+        _, cap = job.patched(inputs, scope, parts, stop_early=True)
+    if cap is None:
+        return None
+    return {name: tensors_of(cap, name) for name in params.into}
+
+
+def _run_c(job: Job, runs: Any, recorded: dict[str, dict[int, torch.Tensor]],
+           targets: dict[str, dict[int, torch.Tensor]], inputs: dict[str, torch.Tensor],
+           base: dict[str, torch.Tensor], copies: int) -> Any:
+    """Run C (module docstring): ``[copies, example]`` metric with the receivers' inputs
+    replaced by ``recorded``."""
+    parts = []
+    for name in targets:
+        def receive(layer: int, tensor: torch.Tensor, name: str = name) -> torch.Tensor:
+            heads = targets[name].get(layer)
+            if heads is not None:
+                heads = heads.to(tensor.device)
+                tensor[:, heads] = recorded[name][layer][:, heads].to(tensor.dtype)
+            return tensor
+        parts.append(rewriter(site_spec(name), receive))
+    layers = sorted({la for found in targets.values() for la in found})
+    output, _ = job.patched(inputs, Scope(layers=layers), parts)
+    return job.measure(runs.metric, output, base, copies)

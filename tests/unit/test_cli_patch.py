@@ -1,0 +1,101 @@
+"""``attnprobe patch`` through the real command line: tables with the documented columns, a
+summary on stdout, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from attnprobe.patch import COLUMNS, PATH_COLUMNS
+from tests.helpers import run_cli as run
+
+MODEL = ["--model", "ref:induction"]
+CLEAN = "t01 t02 t03 t04 t05 t01 t02 t03 t04"  # [BOS] first: the copy starts at position 6
+CORRUPT = "t09 t08 t07 t06 t05 t01 t02 t03 t04"
+PAIR = ["--clean", CLEAN, "--corrupt", CORRUPT, "--metric", "logit:next",
+        "--metric-positions", "6,7,8"]
+
+
+def test_heads_writes_the_table_and_prints_the_mean_effect_per_head(tmp_path, capsys):
+    out = tmp_path / "heads.csv"
+    code, printed, err = run(["patch", *MODEL, "--experiment", "heads", *PAIR,
+                              "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert tuple(table.columns) == COLUMNS and len(table) == 8
+    assert set(table["direction"]) == {"denoising"} and set(table["site"]) == {"output"}
+    assert "mean effect per patch, largest first" in printed and "effect" in printed
+    assert f"wrote {len(table)} rows" in err
+
+
+def test_files_noising_each_position_to_json(tmp_path, capsys):
+    clean, corrupt = tmp_path / "clean.txt", tmp_path / "corrupt.txt"
+    clean.write_text(f"{CLEAN}\n\n{CLEAN}\n")
+    corrupt.write_text(f"{CORRUPT}\n{CLEAN.replace('t01 t02', 't11 t12', 1)}\n")
+    out = tmp_path / "each.json"
+    code, _printed, err = run(["patch", *MODEL, "--experiment", "heads", "--clean-file",
+                              str(clean), "--corrupt-file", str(corrupt), "--metric",
+                              "logit:next", "--metric-positions", "6,7,8", "--scope",
+                              "layer:1", "--site", "v", "--positions", "each", "--direction",
+                              "noising", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert err == ""
+    rows = json.loads(out.read_text())
+    assert len(rows) == 2 * 4 * 10  # examples x heads x positions
+    assert {r["site"] for r in rows} == {"v"} and {r["direction"] for r in rows} == {"noising"}
+
+
+def test_path_into_keys_adds_the_path_columns(tmp_path, capsys):
+    out = tmp_path / "path.csv"
+    code, _printed, err = run(["patch", *MODEL, "--experiment", "path", *PAIR, "--senders",
+                              "layer:0", "--receivers", "layer:1", "--into", "k,q", "--out",
+                              str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert tuple(table.columns) == (*COLUMNS, *PATH_COLUMNS)
+    assert set(table["into"]) == {"k,q"} and set(table["receivers"]) == {"layer:1"}
+    assert list(table["sender_head"]) == [0, 1, 2, 3]
+
+
+def test_ids_and_attribution_compared_with_real_patching(tmp_path, capsys):
+    out = tmp_path / "attribution.csv"
+    clean = "2 5 6 7 8 9 5 6 7 8"  # [BOS] t01 .. as ids
+    corrupt = "2 13 12 11 10 9 5 6 7 8"
+    code, printed, err = run(["patch", *MODEL, "--experiment", "attribution", "--clean-ids",
+                              clean, "--corrupt-ids", corrupt, "--metric", "logit:next",
+                              "--metric-positions", "6,7,8", "--compare", "--out", str(out)],
+                             capsys)
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert list(dict.fromkeys(table["experiment"])) == ["attribution", "heads"]
+    assert "attribution vs activation patching over 8 patches: Pearson" in printed
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--experiment", "heads", "--clean", CLEAN, "--corrupt", "t01 t02", "--metric",
+      "logit:next"], "tokenize to 10 and 3 tokens"),
+    (["--experiment", "heads", "--clean", CLEAN, "--metric", "logit:next"],
+     "no text: pass --corrupt"),
+    (["--experiment", "path", *PAIR, "--site", "q"], "--site applies to --experiment "
+                                                     "attribution/heads, not path"),
+    (["--experiment", "path", *PAIR, "--receivers", "layer:1", "--scope", "layer:0"],
+     "takes --senders and --receivers, not --scope"),
+    (["--experiment", "heads", *PAIR, "--compare"], "--compare applies to --experiment "
+                                                    "attribution"),
+    (["--experiment", "path", *PAIR], "needs receivers=SCOPE"),
+    (["--experiment", "knockout", *PAIR], "unknown experiment 'knockout'"),
+    (["--experiment", "path", *PAIR, "--receivers", "layer:1", "--into", "z"],
+     "unknown into 'z'"),
+    (["--experiment", "heads", *PAIR[:-2], "--metric-positions", "first"],
+     "--metric-positions must be"),
+    (["--experiment", "heads", *PAIR[:-2]], "has no next token"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    code, _printed, err = run(["patch", *MODEL, *argv, "--out", str(tmp_path / "t.csv")],
+                             capsys)
+    assert code == 2
+    last = err.strip().splitlines()[-1]  # after the progress bar, when a forward ran
+    assert last.startswith("attnprobe: error:") and message in last, err
+    assert not (tmp_path / "t.csv").exists()
