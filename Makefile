@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnprobe-installed
 
-.PHONY: setup demo test lint bench docs
+.PHONY: setup demo test lint bench docs readme
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -29,6 +29,10 @@ lint: setup
 # The API reference and guide (mkdocs.yml) into site/; warnings are errors. Open site/index.html.
 docs: setup
 	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# README tables generated from the code (the score table from the score declarations).
+readme: setup
+	$(PY) docs/readme_scores.py
 
 bench: setup
 	$(PY) analyses/bench_capture.py

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from harness.induction_causal import causal_section, plot_causal
 from harness.runs import analysis_main
 
 import attnprobe as ap
@@ -64,11 +65,12 @@ class Config:
     n_explained: int = 300  # copy steps explained (one per sequence, the first sequences)
     ig_steps: int = 50
     batch_size: int = 64
+    n_causal: int = 64  # sequences (and their corruptions) of the causal section
     seed: int = HELD_OUT_SEED  # held-out data; training uses recipe.seed + 1
 
     @classmethod
     def smoke(cls) -> Config:
-        return cls(n_sequences=16, n_explained=6, ig_steps=16)
+        return cls(n_sequences=16, n_explained=6, ig_steps=16, n_causal=16)
 
 
 def _heads(labels: pd.DataFrame, label: str) -> list[tuple[int, int]]:
@@ -236,9 +238,14 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
          "value": top1("attn_x_grad", "context")},
     ])
     example = ap.extract(model, tok, texts[:1])[0].to_frame()  # pattern.png
+    causal = causal_section(model, tok, held_out(cfg.n_causal, cfg.seed, tokenizer=tok),
+                            labels, cfg.seed)
+    held = causal["causal"]
+    summary.loc[len(summary)] = {"item": "causal predictions that hold",
+                                 "value": f"{int(held['holds'].sum())} of {len(held)}"}
     return {"model": scores, "training": training, "labels": labels, "census": circuit,
             "ablation": ablation, "attribution_steps": explained, "attribution": shares,
-            "checks": checks, "summary": summary, "example_pattern": example}
+            "checks": checks, "summary": summary, "example_pattern": example, **causal}
 
 
 # ----------------------------------------------------------------------------------- plots
@@ -314,6 +321,9 @@ def plot(tables: dict[str, pd.DataFrame], path: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
     written.append(_plot_pattern(tables, path / "pattern.png"))
+    if "patching" in tables:
+        written.append(path / "causal.png")
+        plot_causal(tables, written[-1])
     return written
 
 
@@ -345,7 +355,8 @@ def _plot_pattern(tables: dict[str, pd.DataFrame], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     analysis_main("induction_circuit", __doc__, Config, run, plot, argv,
-                  show=["summary", "model", "census", "ablation", "attribution", "checks"])
+                  show=["summary", "model", "census", "ablation", "attribution", "checks",
+                        "causal"])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import re
 
 import pandas as pd
 
+from attnprobe.core.display import replace_marked
+
 STATUSES = ("PASS", "WRONG", "CRASH", "REFUSED", "NO_REFERENCE", "BUILD_FAILED", "SKIPPED")
 BEGIN, END = "<!-- hf-coverage:begin -->", "<!-- hf-coverage:end -->"
 
@@ -70,10 +72,6 @@ def readme_section(coverage: pd.DataFrame, versions: str) -> str:
     return "\n".join([*lines, END])
 
 
-def replace_section(text: str, section: str, begin: str = BEGIN, end: str = END) -> str:
-    """``text`` with the span between the markers ``begin`` and ``end`` (markers included;
-    by default the coverage markers) replaced."""
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise ValueError(f"README has no {begin} ... {end} span to rewrite")
-    return text[:start] + section + text[stop + len(end):]
+def replace_section(text: str, section: str) -> str:
+    """``text`` with the span between the coverage markers (markers included) replaced."""
+    return replace_marked(text, section, BEGIN, END)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["MAX_WIDTH", "counted", "describe", "grid", "indices", "quoted", "size"]
+__all__ = ["MAX_WIDTH", "counted", "describe", "grid", "indices", "quoted", "replace_marked",
+           "size"]
 
 MAX_WIDTH = 200
 """The longest repr a result object prints (longer ones are cut with an ellipsis)."""
@@ -85,3 +86,17 @@ def describe(name: str, *parts: str | None, sep: str = ", ") -> str:
         text = text[:MAX_WIDTH - 2] + ELLIPSIS + ")"
     return text
 
+
+def replace_marked(text: str, section: str, begin: str, end: str) -> str:
+    """``text`` with the span from marker ``begin`` to marker ``end`` (both included) replaced
+    by ``section`` (a generated README table that carries its own markers).
+
+    Example:
+        >>> replace_marked("a <!--b--> old <!--e--> z", "<!--b--> new <!--e-->", "<!--b-->",
+        ...                "<!--e-->")
+        'a <!--b--> new <!--e--> z'
+    """
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no {begin} ... {end} span to rewrite")
+    return text[:start] + section + text[stop + len(end):]

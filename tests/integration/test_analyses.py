@@ -213,10 +213,17 @@ def test_induction_circuit_smoke(tmp_path, monkeypatch):
     assert (parts.sum(axis=1) - 1).abs().max() < 1e-9  # every step lands in one relation
     checks = pd.read_csv(tmp_path / "checks.csv").set_index("check")["value"]
     assert checks["explained token != the model's own prediction (rows)"] == 0
-    for name in ("ablation", "census", "attribution", "pattern"):
+    for name in ("ablation", "census", "attribution", "pattern", "causal"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0
     record = json.loads((tmp_path / "provenance.json").read_text())
     assert record["script"] == "analyses/induction_circuit.py" and record["config"]
+    # the causal section: every prediction of the circuit holds on the smoke sequences
+    causal = pd.read_csv(tmp_path / "causal.csv")
+    assert len(causal) == 8 and causal["holds"].all(), causal.to_string()
+    knocked = pd.read_csv(tmp_path / "knockout.csv").set_index("blocked")
+    assert knocked.at["copy edges", "edges"] == knocked.at["random edges", "edges"] > 0
+    patching = pd.read_csv(tmp_path / "patching.csv")
+    assert len(patching) == 8 and patching["effect"].notna().all()
 
 
 def test_finetune_diff_smoke_is_reproducible(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def test_the_readme_score_table_is_the_declarations():
     text = README.read_text()
     start, end = (text.index(marker) for marker in SCORE_MARKERS)
     assert text[start:end + len(SCORE_MARKERS[1])] == score_markdown(), \
-        "run python analyses/readme_scores.py"
+        "run make readme"
 
 
 class LastKey(Stat):
