@@ -35,20 +35,19 @@ logit attribution can decompose them exactly. New kinds are entries of :data:`ME
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from attnprobe.core.positions import Batch, Positions, batch_rows, positions_mask
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 
 __all__ = ["METRIC_KINDS", "LogitTerms", "Metric", "Positions", "parse_metric",
            "positions_mask", "token_id"]
 
-Batch = Mapping[str, torch.Tensor]
-Positions = str | Sequence[int] | Sequence[Sequence[int]] | torch.Tensor
 MetricFn = Callable[[Any, Batch], torch.Tensor]
 
 
@@ -110,7 +109,7 @@ class Metric:
         if not isinstance(value, torch.Tensor):
             raise InputError(f"metric {self.spec!r} returned {type(value).__name__}; a metric "
                              "returns a tensor [batch], one number per example")
-        n = _batch_size(batch)
+        n = batch_rows(batch)
         if value.ndim != 1 or (n is not None and value.shape[0] != n):
             raise InputError(f"metric {self.spec!r} returned shape {tuple(value.shape)}; a "
                              f"metric returns one number per example, shape [{n}]")
@@ -125,85 +124,6 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"Metric({self.spec!r})"
-
-
-# ---------------------------------------------------------------------------- positions
-def _batch_size(batch: Batch) -> int | None:
-    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    return int(ids.shape[0]) if isinstance(ids, torch.Tensor) else None
-
-
-def _real(batch: Batch) -> torch.Tensor:
-    """``[batch, seq]`` bool: real (non-padding) positions."""
-    ids = batch["input_ids"]
-    mask = batch.get("attention_mask")
-    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-
-
-def positions_mask(positions: Positions, batch: Batch, *, needs_next: bool = False
-                   ) -> torch.Tensor:
-    """``[batch, seq]`` bool: the positions a metric averages over (module docstring).
-
-    Positions count real tokens from 0 (left padding is skipped). ``needs_next``: only
-    positions whose next token is real (the ``:next`` metrics and ``loss``); a chosen
-    position without one is an error.
-    """
-    real = _real(batch)
-    n, seq = real.shape
-    order = real.long().cumsum(-1) - 1  # position of each slot among the real tokens
-    has_next = torch.zeros_like(real)
-    has_next[:, :-1] = real[:, :-1] & real[:, 1:]
-    usable = real & has_next if needs_next else real
-    if isinstance(positions, str):
-        if positions == "all":
-            chosen = usable
-        elif positions == "last":
-            last = torch.zeros_like(real)
-            last[torch.arange(n), seq - 1 - real.flip(-1).long().argmax(-1)] = True
-            chosen = last
-            if needs_next:
-                raise InputError("the last position has no next token: choose positions=... "
-                                 "(e.g. 'all') for this metric")
-        else:
-            raise InputError(one_of("positions", positions, ("last", "all"))
-                             + ", a list of positions, one list per example, or a bool mask")
-    elif isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
-        if positions.shape != real.shape:
-            raise InputError(f"a positions mask must be [batch, seq] = {list(real.shape)}; got "
-                             f"{list(positions.shape)}")
-        chosen = positions.to(real.device) & real
-    else:
-        chosen = _listed(positions, order, real, n)
-    bad = chosen & ~usable
-    if bad.any():
-        b, slot = bad.nonzero()[0].tolist()
-        raise InputError(f"position {int(order[b, slot])} of example {b} has no next token; "
-                         "this metric reads the token after each position")
-    empty = ~chosen.any(-1)
-    if empty.any():
-        raise InputError(f"example {int(empty.nonzero()[0])} has no position to measure")
-    return chosen
-
-
-def _listed(positions: Sequence[Any], order: torch.Tensor, real: torch.Tensor,
-            n: int) -> torch.Tensor:
-    items = list(positions.tolist() if isinstance(positions, torch.Tensor) else positions)
-    per_example = bool(items) and all(isinstance(p, (list, tuple)) for p in items)
-    if per_example and len(items) != n:
-        raise InputError(f"positions gives {len(items)} lists for {n} examples")
-    lists = items if per_example else [items] * n
-    chosen = torch.zeros_like(real)
-    for b, wanted in enumerate(lists):
-        length = int(real[b].sum())
-        for p in wanted:
-            if isinstance(p, bool) or not isinstance(p, int):
-                raise InputError(f"positions must be integers; got {p!r}")
-            q = p + length if p < 0 else p
-            if not 0 <= q < length:
-                raise InputError(f"position {p} is out of range for example {b} ({length} "
-                                 "tokens)")
-            chosen[b] |= real[b] & (order[b] == q)
-    return chosen
 
 
 # ---------------------------------------------------------------------------- reading outputs
@@ -224,7 +144,14 @@ def _logits(output: Any, spec: str) -> torch.Tensor:
 
 
 def token_id(token: str | int, tokenizer: Any, spec: str) -> int:
-    """The id of one token given as an id or a string (which must be one token)."""
+    """The id of one token given as an id or a string (which must be one token).
+
+    Example:
+        >>> token_id("t05", lm_tok, "logit:t05") == lm_tok.get_vocab()["t05"]
+        True
+        >>> token_id("464", None, "logit:464")          # an id needs no tokenizer
+        464
+    """
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     text = str(token).strip()
@@ -436,6 +363,18 @@ def parse_metric(spec: str | Metric | MetricFn, tokenizer: Any = None, *,
 
     Raises:
         InputError: an unknown kind, a token that is not one token, a bad position.
+
+    Example:
+        >>> ids = lm_tok([prompt], return_tensors="pt")
+        >>> logits = lm(**ids)                          # [batch, seq, vocab]
+        >>> diff = parse_metric("logit_diff:t05,t11", lm_tok)
+        >>> a, b = lm_tok.get_vocab()["t05"], lm_tok.get_vocab()["t11"]
+        >>> torch.allclose(diff(logits, ids), logits[:, -1, a] - logits[:, -1, b])
+        True
+        >>> loss = parse_metric("loss", positions="all")(logits, ids)   # [batch]
+        >>> nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids["input_ids"][0, 1:])
+        >>> torch.allclose(loss, nll)
+        True
     """
     if isinstance(spec, Metric):
         return spec
