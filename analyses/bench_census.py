@@ -20,16 +20,20 @@ Two measurements, each side by side in one run:
    median of per-round paired ratios beside it.
 
 2. **Long input**: a tiny causal LLaMA (random init, seeded, eval mode, SDPA) on one input of
-   ``llama_seq_len`` tokens. The census' streaming reducers
-   (``census_reducers(None, max_offset=...)`` with ``keep=False``, then ``wide_scores``) vs
-   capture with full maps kept (``keep=True``), and the plain forward as the floor both stand
-   on. Peak RSS above a pre-forward baseline is read from ``VmHWM`` after resetting it
-   (``reset_peak_rss``); each mode runs in a fresh subprocess (``memory_subprocess``) so no
-   heap left by another measurement hides its allocations. If full maps would not fit
-   comfortably (``layers x heads x L^2 x 4`` bytes above ``full_maps_max_share`` of
-   ``MemAvailable``) the full run is skipped and that figure is reported instead. Streaming
-   scores are checked against the same scores computed from full maps (float64) on a shorter
-   input (``check_seq_len``), to ``entropy_tolerance``.
+   each of ``llama_seq_lens`` tokens (8k and 32k; ``--smoke``: 512 and 1024). The census'
+   streaming reducers (``census_reducers(None, max_offset=...)`` with ``keep=False``, then
+   ``wide_scores``) vs one plain SDPA forward of the same input, timed side by side in this
+   process (the default allocator, as users run it; the better of ``plain_repeats`` plain
+   forwards), their ratio (target ``<= long_speed_target``) and the time exponents between
+   the lengths (``log(t2 / t1) / log(L2 / L1)``; target: the census' within
+   ``exponent_tolerance`` of the forward's). Memory: peak RSS above a pre-forward baseline is
+   read from ``VmHWM`` after resetting it (``reset_peak_rss``); each mode runs in a fresh
+   subprocess (``memory_subprocess``) so no heap left by another measurement hides its
+   allocations. Full maps (``keep=True``) are measured where they fit comfortably
+   (``layers x heads x L^2 x 4`` bytes within ``full_maps_max_share`` of ``MemAvailable``),
+   else that figure is reported; target: streaming ``<= memory_share_target`` of it.
+   Streaming scores are checked against the same scores computed from full maps (float64) on
+   a shorter input (``check_seq_len``), to ``entropy_tolerance``.
 
 Run: ``python analyses/bench_census.py [--smoke] [--out DIR]``; tables and
 ``provenance.json`` go to ``runs/bench_census/<UTC stamp>/``.
@@ -41,6 +45,7 @@ import ctypes
 import gc
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -62,6 +67,7 @@ from harness.benchmarking import (
 from harness.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 import attnprobe
+from attnprobe.capture.text import model_inputs, pad_ids
 from attnprobe.heads import census, parse
 from attnprobe.heads.census_batches import plan_batches
 from attnprobe.heads.scores import census_reducers, wide_scores
@@ -87,14 +93,18 @@ class Config(FromDict):
     repeats: int = 5
     warmup: int = 1
     breakdown: bool = True
-    speed_target: float = 1.3
+    speed_target: float = 1.2
     llama_hidden: int = 64
     llama_layers: int = 2
     llama_heads: int = 4
     llama_intermediate: int = 128
     llama_vocab: int = 1000
     llama_init_range: float = 0.2  # larger than HF's 0.02 so heads are not near-uniform
-    llama_seq_len: int = 8192
+    llama_seq_lens: tuple[int, ...] = (8192, 32768)
+    plain_repeats: int = 3
+    long_speed_target: float = 10.0
+    memory_share_target: float = 1 / 50
+    exponent_tolerance: float = 0.15
     check_seq_len: int = 1024
     max_offset: int = 64
     entropy_chunk: int = 256  # query rows per float64 chunk for scores from full maps
@@ -104,11 +114,14 @@ class Config(FromDict):
     child_timeout_s: float = 600.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        self.llama_seq_lens = tuple(int(n) for n in self.llama_seq_lens)  # from JSON: a list
+
     @classmethod
     def smoke(cls) -> Config:
-        """40 sentences, one repeat, short LLaMA input, memory measured in-process."""
-        return cls(n_sentences=40, repeats=1, warmup=0, llama_seq_len=1024, check_seq_len=256,
-                   memory_subprocess=False)
+        """40 sentences, one repeat, short LLaMA inputs, memory measured in-process."""
+        return cls(n_sentences=40, repeats=1, warmup=0, llama_seq_lens=(512, 1024),
+                   check_seq_len=256, memory_subprocess=False, plain_repeats=1)
 
 
 # ----------------------------------------------------------------------------- timing helpers
@@ -149,8 +162,10 @@ def _census_cost(cfg: Config) -> dict[str, pd.DataFrame]:
     padded = sum(b["input_ids"].numel() for b in encoded)
 
     def bare() -> dict[str, float]:
-        for group in groups:
-            model(**group.inputs()[0])
+        for group in groups:  # tokenized here, as the census tokenizes (once, when planning)
+            words = [list(it.tree.words) for it in group.sentences]
+            ids = tokenizer(words, is_split_into_words=True)["input_ids"]
+            model(**model_inputs(model, pad_ids(model, tokenizer, ids)))
         return {}
 
     results: dict[str, Any] = {}
@@ -221,7 +236,7 @@ def _tiny_llama(cfg: Config) -> torch.nn.Module:
         hidden_size=cfg.llama_hidden, num_hidden_layers=cfg.llama_layers,
         num_attention_heads=cfg.llama_heads, num_key_value_heads=cfg.llama_heads,
         intermediate_size=cfg.llama_intermediate, vocab_size=cfg.llama_vocab,
-        max_position_embeddings=max(8192, cfg.llama_seq_len, cfg.check_seq_len),
+        max_position_embeddings=max(8192, *cfg.llama_seq_lens, cfg.check_seq_len),
         initializer_range=cfg.llama_init_range)
     torch.manual_seed(cfg.seed)
     return LlamaModel(config).eval()
@@ -279,10 +294,10 @@ def _trim_heap() -> None:
         pass
 
 
-def _memory_measure(mode: str, cfg: Config) -> dict[str, Any]:
-    """One forward of ``mode`` on ``llama_seq_len`` tokens; peak RSS above a baseline (KiB)."""
+def _memory_measure(mode: str, cfg: Config, seq_len: int) -> dict[str, Any]:
+    """One forward of ``mode`` on ``seq_len`` tokens; peak RSS above a baseline (KiB)."""
     model = _tiny_llama(cfg)
-    ids = _llama_ids(cfg, cfg.llama_seq_len)
+    ids = _llama_ids(cfg, seq_len)
 
     def forward(inputs: torch.Tensor) -> dict[str, list]:
         if mode == "streaming":
@@ -308,16 +323,16 @@ def _memory_measure(mode: str, cfg: Config) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         peak = memory_status_kib()["VmHWM"]
     return {"mode": mode, "attn_implementation": model.config._attn_implementation,
-            "seq_len": cfg.llama_seq_len, "seconds": seconds, "baseline_kib": baseline,
+            "seq_len": seq_len, "seconds": seconds, "baseline_kib": baseline,
             "peak_kib": peak, "hwm_reset_works": reset, "scores": scores}
 
 
-def _run_memory(mode: str, cfg: Config) -> dict[str, Any]:
+def _run_memory(mode: str, cfg: Config, seq_len: int) -> dict[str, Any]:
     if not cfg.memory_subprocess:
         _trim_heap()
-        return _memory_measure(mode, cfg)
+        return _memory_measure(mode, cfg, seq_len)
     return run_json_child([str(Path(__file__).resolve()), CHILD_FLAG, mode,
-                           json.dumps(asdict(cfg))],
+                           json.dumps(asdict(cfg)), str(seq_len)],
                           timeout_s=cfg.child_timeout_s, what=f"memory child ({mode})")
 
 
@@ -329,27 +344,73 @@ def _mem_available_kib() -> int:
     return 0
 
 
-def _long_input(cfg: Config) -> dict[str, Any]:
-    full_bytes = cfg.llama_layers * cfg.llama_heads * cfg.llama_seq_len ** 2 * 4
-    available = _mem_available_kib() * 1024
-    keep_full = full_bytes <= cfg.full_maps_max_share * available
-    modes = [m for m in MODES if keep_full or m != "full"]
-    results = {mode: _run_memory(mode, cfg) for mode in modes}
+def _timed(cfg: Config, seq_len: int) -> dict[str, float]:
+    """Seconds of one streaming census and of the best of ``plain_repeats`` plain SDPA
+    forwards on the same input, side by side in this process (its default allocator: the
+    memory children fix glibc's mmap threshold, which slows every large allocation)."""
+    model = _tiny_llama(cfg)
+    ids = _llama_ids(cfg, seq_len)
+    out = {}
+    with torch.no_grad():
+        model(input_ids=ids[:, :64])
+        _streaming_scores(model, ids[:, :64], cfg)
+        _trim_heap()
+        plain = []
+        for _ in range(cfg.plain_repeats):
+            start = time.perf_counter()
+            model(input_ids=ids)
+            plain.append(time.perf_counter() - start)
+        out["plain_s"] = min(plain)
+        _trim_heap()
+        start = time.perf_counter()
+        _streaming_scores(model, ids, cfg)
+        out["streaming_s"] = time.perf_counter() - start
+    return out
+
+
+def _one_length(cfg: Config, seq_len: int) -> tuple[list[dict], dict[str, Any]]:
+    """Memory rows (measured modes and the full maps' arithmetic) and the timing of one
+    input length."""
+    full_bytes = cfg.llama_layers * cfg.llama_heads * seq_len ** 2 * 4
+    keep_full = full_bytes <= cfg.full_maps_max_share * _mem_available_kib() * 1024
+    results = {mode: _run_memory(mode, cfg, seq_len) for mode in MODES
+               if keep_full or mode != "full"}
     rows = []
     for mode, r in results.items():
         rows.append({"mode": mode, "attn_implementation": r["attn_implementation"],
-                     "seq_len": r["seq_len"], "seconds": r["seconds"],
+                     "seq_len": seq_len, "seconds": r["seconds"],
                      "baseline_rss_mib": r["baseline_kib"] / MIB,
                      "peak_above_baseline_mib": (r["peak_kib"] - r["baseline_kib"]) / MIB,
                      "method": "VmHWM after reset" if r["hwm_reset_works"]
                      else "VmHWM (reset failed: includes earlier peaks)",
                      "measured": True})
     rows.append({"mode": "full maps, computed (layers x heads x L^2 x 4 B)",
-                 "attn_implementation": "", "seq_len": cfg.llama_seq_len,
+                 "attn_implementation": "", "seq_len": seq_len,
                  "seconds": float("nan"), "baseline_rss_mib": float("nan"),
                  "peak_above_baseline_mib": full_bytes / 2 ** 20, "method": "arithmetic",
                  "measured": False})
-    memory = pd.DataFrame(rows)
+    streaming_mib = rows[0]["peak_above_baseline_mib"]
+    full_mib = next(r["peak_above_baseline_mib"] for r in rows if r["mode"] == "full") \
+        if keep_full else full_bytes / 2 ** 20
+    speed = {"seq_len": seq_len, **_timed(cfg, seq_len), "streaming_peak_mib": streaming_mib,
+             "full_maps_mib": full_mib, "full_maps": "measured" if keep_full else "computed"}
+    speed["ratio"] = speed["streaming_s"] / speed["plain_s"]
+    speed["memory_share"] = streaming_mib / full_mib
+    if keep_full:
+        speed["full_scores"] = results["full"]["scores"]
+        speed["streaming_scores"] = results["streaming"]["scores"]
+    return rows, speed
+
+
+def _long_input(cfg: Config) -> dict[str, Any]:
+    memory_rows, speeds = [], []
+    for seq_len in cfg.llama_seq_lens:
+        rows, speed = _one_length(cfg, seq_len)
+        memory_rows += rows
+        speeds.append(speed)
+    memory = pd.DataFrame(memory_rows)
+    long_speed = pd.DataFrame([{k: v for k, v in s.items() if not k.endswith("_scores")}
+                               for s in speeds])
 
     # correctness: streaming scores vs the same scores from full maps, on a shorter input
     model = _tiny_llama(cfg)
@@ -361,29 +422,32 @@ def _long_input(cfg: Config) -> dict[str, Any]:
         reference = _scores_from_maps(cap.maps, cfg.entropy_chunk)
     del cap, model
     check_rows = []
-    for name, ref in reference.items():
-        ours = _grid(streaming, name, cfg)
-        for layer in range(cfg.llama_layers):
-            for head in range(cfg.llama_heads):
-                s, f = float(ours[layer, head]), float(ref[layer, head])
-                check_rows.append({"seq_len": cfg.check_seq_len, "score": name, "layer": layer,
-                                   "head": head, "head_id": attnprobe.head_id(layer, head),
-                                   "streaming": s, "from_full_maps": f, "abs_diff": abs(s - f)})
-    if keep_full:  # the long run's own scores too
-        for name in results["full"]["scores"]:
-            ours = torch.tensor(results["streaming"]["scores"][name], dtype=torch.float64)
-            ref = torch.tensor(results["full"]["scores"][name], dtype=torch.float64)
+
+    def compare(seq_len: int, ours_of: Callable[[str], torch.Tensor],
+                reference: dict[str, Any]) -> None:
+        for name, ref in reference.items():
+            ours, ref = ours_of(name), torch.as_tensor(ref, dtype=torch.float64)
             for layer in range(cfg.llama_layers):
                 for head in range(cfg.llama_heads):
                     s, f = float(ours[layer, head]), float(ref[layer, head])
-                    check_rows.append({"seq_len": cfg.llama_seq_len, "score": name,
-                                       "layer": layer, "head": head,
-                                       "head_id": attnprobe.head_id(layer, head),
+                    check_rows.append({"seq_len": seq_len, "score": name, "layer": layer,
+                                       "head": head, "head_id": attnprobe.head_id(layer, head),
                                        "streaming": s, "from_full_maps": f,
                                        "abs_diff": abs(s - f)})
-    agreement = pd.DataFrame(check_rows)
-    return {"memory": memory, "agreement": agreement, "full_bytes": full_bytes,
-            "keep_full": keep_full}
+
+    compare(cfg.check_seq_len, lambda name: _grid(streaming, name, cfg), reference)
+    for speed in speeds:  # the long runs' own scores too, where full maps were kept
+        if "full_scores" in speed:
+            compare(speed["seq_len"], lambda name, speed=speed: torch.tensor(
+                speed["streaming_scores"][name], dtype=torch.float64), speed["full_scores"])
+    return {"memory": memory, "long_speed": long_speed,
+            "agreement": pd.DataFrame(check_rows)}
+
+
+def _exponent(frame: pd.DataFrame, column: str) -> float:
+    """``log(t_last / t_first) / log(L_last / L_first)`` over the measured lengths."""
+    first, last = frame.iloc[0], frame.iloc[-1]
+    return math.log(last[column] / first[column]) / math.log(last["seq_len"] / first["seq_len"])
 
 
 def _library_fingerprint() -> pd.DataFrame:
@@ -409,13 +473,11 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
     timing = cost["timing"]
     med = timing.set_index("contender")["median_s"]
     paired = timing.set_index("contender")["median_paired_ratio"]
-    memory = long["memory"].set_index("mode")["peak_above_baseline_mib"]
-    streaming_mib = float(memory["streaming"])
-    full_mib = float(memory["full"]) if long["keep_full"] else long["full_bytes"] / 2 ** 20
-    full_how = "measured" if long["keep_full"] else "computed"
+    speed = long["long_speed"]
     agreement = long["agreement"]
     short = agreement[agreement["seq_len"] == cfg.check_seq_len]
     entropy_diff = float(short.loc[short["score"] == "entropy", "abs_diff"].max())
+    long_checked = agreement[agreement["seq_len"] != cfg.check_seq_len]
 
     checks = pd.DataFrame([
         *cost["checks"],
@@ -423,11 +485,11 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
          "value": entropy_diff},
         {"check": f"2: max |streaming - full-map score| at {cfg.check_seq_len} tokens, "
                   "entropy/entropy_norm/max_weight", "value": float(short["abs_diff"].max())},
-        {"check": f"2: max |streaming - full-map score| at {cfg.llama_seq_len} tokens",
-         "value": float(agreement.loc[agreement["seq_len"] == cfg.llama_seq_len,
-                                      "abs_diff"].max()) if long["keep_full"] else float("nan")},
+        {"check": "2: max |streaming - full-map score| at the long lengths with full maps",
+         "value": float(long_checked["abs_diff"].max()) if len(long_checked)
+         else float("nan")},
     ])
-    summary = pd.DataFrame([
+    rows = [
         {"benchmark": f"1. census / bare forward, {cfg.n_sentences} sentences (ratio of medians)",
          "ours": float(med[FULL]), "baseline": float(med[BARE]), "unit": "s",
          "ratio": float(med[FULL] / med[BARE]), "target": f"<= {cfg.speed_target:g}",
@@ -436,36 +498,53 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
          "ours": float("nan"), "baseline": float("nan"), "unit": "",
          "ratio": float(paired[FULL]), "target": f"<= {cfg.speed_target:g}",
          "pass": bool(paired[FULL] <= cfg.speed_target)},
-        {"benchmark": f"2. streaming census reducers vs full maps ({full_how}), peak RSS, "
-                      f"1x{cfg.llama_seq_len}",
-         "ours": streaming_mib, "baseline": full_mib, "unit": "MiB above baseline",
-         "ratio": streaming_mib / full_mib, "target": "(reported)", "pass": None},
-        {"benchmark": f"2. streaming entropy == full-map entropy at {cfg.check_seq_len} tokens",
-         "ours": entropy_diff, "baseline": cfg.entropy_tolerance, "unit": "nats (max |diff|)",
-         "ratio": float("nan"), "target": f"<= {cfg.entropy_tolerance:g}",
-         "pass": bool(entropy_diff <= cfg.entropy_tolerance)},
-    ])
+    ]
+    for r in speed.itertuples(index=False):
+        rows.append({"benchmark": f"2. streaming census / plain SDPA forward, 1x{r.seq_len}",
+                     "ours": r.streaming_s, "baseline": r.plain_s, "unit": "s",
+                     "ratio": r.ratio, "target": f"<= {cfg.long_speed_target:g}",
+                     "pass": bool(r.ratio <= cfg.long_speed_target)})
+        rows.append({"benchmark": f"2. streaming census reducers vs full maps ({r.full_maps}), "
+                                  f"peak RSS, 1x{r.seq_len}",
+                     "ours": r.streaming_peak_mib, "baseline": r.full_maps_mib,
+                     "unit": "MiB above baseline", "ratio": r.memory_share,
+                     "target": f"<= {cfg.memory_share_target:.3g}",
+                     "pass": bool(r.memory_share <= cfg.memory_share_target)})
+    if len(speed) > 1:
+        ours, base = _exponent(speed, "streaming_s"), _exponent(speed, "plain_s")
+        rows.append({"benchmark": f"2. time exponent, streaming census vs plain forward "
+                                  f"({speed['seq_len'].iloc[0]}..{speed['seq_len'].iloc[-1]})",
+                     "ours": ours, "baseline": base, "unit": "log t / log L",
+                     "ratio": ours - base, "target": f"|diff| <= {cfg.exponent_tolerance:g}",
+                     "pass": bool(abs(ours - base) <= cfg.exponent_tolerance)})
+    rows.append({"benchmark": f"2. streaming entropy == full-map entropy at "
+                              f"{cfg.check_seq_len} tokens",
+                 "ours": entropy_diff, "baseline": cfg.entropy_tolerance,
+                 "unit": "nats (max |diff|)", "ratio": float("nan"),
+                 "target": f"<= {cfg.entropy_tolerance:g}",
+                 "pass": bool(entropy_diff <= cfg.entropy_tolerance)})
     return {"timing": timing, "timing_raw": cost["timing_raw"], "prep": cost["prep"],
-            "batches": cost["batches"], "memory": long["memory"], "agreement": agreement,
-            "checks": checks, "summary": summary, "source": source}
+            "batches": cost["batches"], "memory": long["memory"], "long_speed": speed,
+            "agreement": agreement, "checks": checks, "summary": pd.DataFrame(rows),
+            "source": source}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == CHILD_FLAG:  # hidden: one memory measurement in a fresh process
-        print(json.dumps(_memory_measure(argv[1], Config.from_dict(json.loads(argv[2])))))
+        print(json.dumps(_memory_measure(argv[1], Config.from_dict(json.loads(argv[2])),
+                                         int(argv[3]))))
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     out = analysis_main("bench_census", __doc__, Config, run, None, argv,
-                        show=["prep", "timing", "memory", "checks", "summary"])
+                        show=["prep", "timing", "memory", "long_speed", "checks", "summary"])
     summary = pd.read_csv(out / "summary.csv")
-    speed, paired, memory = summary["ratio"].iloc[0], summary["ratio"].iloc[1], \
-        summary["ratio"].iloc[2]
-    print(f"\ncensus / bare forward: {speed:.2f}x (paired {paired:.2f}x; target "
-          f"{summary['target'].iloc[0]})")
-    print(f"streaming / full-map peak memory: {memory:.4f} ({summary['benchmark'].iloc[2]})")
-    print(f"streaming vs full-map entropy: max |diff| = {summary['ours'].iloc[3]:.2e} nats")
+    print()
+    for row in summary.to_dict("records"):  # side by side: ours, baseline, ratio, target
+        verdict = "" if pd.isna(row["pass"]) else " pass" if row["pass"] else " MISS"
+        print(f"{row['benchmark']}: {row['ours']:.4g} vs {row['baseline']:.4g} "
+              f"{row['unit'] or ''} -> {row['ratio']:.4g} (target {row['target']}){verdict}")
     warning = load_warning(float(pd.read_csv(out / "timing_raw.csv")["foreign_load"].mean()))
     if warning:
         print(warning)

@@ -13,6 +13,7 @@ streaming reducers; then the weights and the per-head outputs go through the par
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +28,15 @@ from attnprobe.capture.sites import Site
 from attnprobe.core.optional import require
 from attnprobe.errors import AttentionUnavailableError, InputError
 
-__all__ = ["BLOCK_BYTES", "attnprobe_attention"]
+__all__ = ["BLOCK_BYTES", "MAPS_SHARE", "MIN_BLOCK_BYTES", "attnprobe_attention"]
 
-BLOCK_BYTES = 16 * 2**20  # streaming: size of one block of weights, whatever the input length
+# streaming: a layer whose weights take more than BLOCK_BYTES is read in blocks of rows of at
+# most BLOCK_BYTES (a few times the L2 cache: larger blocks make every pass over them slower,
+# smaller ones cost more per block), and of at most 1/MAPS_SHARE of the layer's weights (but
+# MIN_BLOCK_BYTES): what streaming holds stays a small share of what full maps would
+BLOCK_BYTES = 8 * 2**20
+MIN_BLOCK_BYTES = 2**20
+MAPS_SHARE = 256
 _EAGER_HOME: dict[type, Any] = {}  # attention class -> the module of its eager function
 
 
@@ -59,8 +66,10 @@ def _backend(name: str, module: nn.Module) -> Callable[..., Any]:
 
 
 def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: int,
-                   causal: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """Rows ``[batch|1, 1, rows, key]`` of the eager (additive) mask equivalent to ``mask``.
+                   causal: bool, dtype: torch.dtype, device: torch.device,
+                   keys: slice | None = None) -> torch.Tensor | None:
+    """Rows ``[batch|1, 1, rows, key]`` of the eager (additive) mask equivalent to ``mask``
+    (only the columns ``keys``, when given).
 
     ``mask`` is what the delegate's mask function produced: boolean (True = attend),
     additive float, or None (then ``causal`` says whether SDPA would have used ``is_causal``).
@@ -68,26 +77,35 @@ def _additive_rows(mask: torch.Tensor | None, rows: slice, q_len: int, k_len: in
     if mask is None and not causal:
         return None
     low = torch.finfo(dtype).min
+    keys = slice(0, k_len) if keys is None else keys
     if mask is None:
         q_idx = torch.arange(q_len, device=device)[rows, None]
-        allowed = q_idx >= torch.arange(k_len, device=device)[None, :]
+        allowed = q_idx >= torch.arange(k_len, device=device)[None, keys]
         return torch.where(allowed, 0.0, low).to(dtype)[None, None]
-    block = mask[..., rows, :]
+    block = mask[..., rows, keys]
     if block.dtype == torch.bool:
         return torch.where(block, torch.zeros((), dtype=dtype, device=device), low)
     return block.to(dtype)
 
 
 def _visible_keys(additive: torch.Tensor | None, q_valid: Callable[[], torch.Tensor],
-                  rows: int, k_len: int, site: Site) -> torch.Tensor:
-    """``[batch|1, rows]``: how many keys each query row may attend to under the mask.
+                  rows: int, k_len: int, site: Site, span: list[slice] | None = None
+                  ) -> torch.Tensor:
+    """``[batch|1, rows]``: how many keys each query row may attend to under the mask; with
+    ``span`` (a list), appends the keys some row may attend to (first to last open key).
 
     A real query row with no key left to attend to is an input error, not a uniform row.
     """
     if additive is None:
+        if span is not None:
+            span.append(slice(0, k_len))
         return torch.full((1, rows), k_len)
     open_keys = additive > torch.finfo(additive.dtype).min / 2  # [batch|1, 1|head, rows, key]
     visible = open_keys[:, 0].sum(-1).expand(-1, rows)
+    if span is not None:
+        columns = open_keys.flatten(0, -2).any(0).nonzero()
+        span.append(slice(int(columns[0]), int(columns[-1]) + 1) if len(columns)
+                    else slice(0, k_len))
     empty = visible == 0
     if empty.any():  # padding rows may be closed; a real token's row may not
         closed = empty & q_valid().to(visible.device)
@@ -198,30 +216,54 @@ class _Eager:
             recorder.site_facts[(site, "mask_dtype")] = dtype
         return dtype
 
-    def run(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def can_trim(self) -> bool:
+        """Whether a block of rows may drop the keys its mask closes: no argument but the
+        mask (and a position bias, cut alike) holds a value per (query, key) pair."""
+        bias = self.kwargs.get("position_bias")
+        k_len = self.key.shape[2]
+        return all(not isinstance(v, torch.Tensor) or v.ndim < 3 or v.shape[-1] != k_len
+                   or v is bias for v in self.kwargs.values())
+
+    def run(self, rows: slice, trim: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """Rows ``rows`` of the queries: output ``[batch, rows, head, d]``, weights ``[batch,
-        head, rows, key]`` and the keys each row could see ``[batch|1, rows]``."""
+        head, rows, key]``, the keys each row could see ``[batch|1, rows]`` and the first
+        key the weights hold: with ``trim``, only the keys from the first to the last one
+        some row may see (a causal block of rows skips the keys after it)."""
         recorder, site = self.takers[0]
         batch, n_heads, q_len, _ = self.query.shape
         k_len = self.key.shape[2]
+        keys = slice(0, k_len)
+        if trim and self.attention_mask is None and self.causal:  # key j <= query i
+            keys = slice(0, min(k_len, rows.stop))
         mask = _additive_rows(self.attention_mask, rows, q_len, k_len, self.causal,
-                              self.mask_dtype(), self.query.device)
+                              self.mask_dtype(), self.query.device, keys)
         n_rows = len(range(q_len)[rows])
+        span: list[slice] | None = [] if trim and self.attention_mask is not None else None
         visible = _visible_keys(mask, lambda: recorder.query_valid(site, batch, q_len)[:, rows],
-                                n_rows, k_len, site)
-        mask = self._knocked_out(mask, (batch, n_heads, n_rows, k_len))
+                                n_rows, keys.stop, site, span)
+        if span:
+            keys = span[0]
+            mask = mask[..., keys]
+        mask = self._knocked_out(mask, (batch, n_heads, n_rows, keys.stop - keys.start))
         extra = dict(self.kwargs)
         bias = extra.get("position_bias")
         if bias is not None and bias.shape[-2] == q_len:
-            extra["position_bias"] = bias[..., rows, :]
-        output, weights = _eager_of(self.module)(self.module, self.query[:, :, rows], self.key,
-                                                 self.value, mask, dropout=0.0, **extra)
-        return output, weights, visible
+            extra["position_bias"] = bias[..., rows, keys] if bias.shape[-1] == k_len \
+                else bias[..., rows, :]
+        key, value = self.key, self.value
+        if keys != slice(0, k_len):
+            key, value = key[:, :, keys], value[:, :, keys]
+        output, weights = _eager_of(self.module)(self.module, self.query[:, :, rows], key,
+                                                 value, mask, dropout=0.0, **extra)
+        return output, weights, visible, keys.start
 
     def _knocked_out(self, mask: torch.Tensor | None, shape: tuple[int, ...]
                      ) -> torch.Tensor | None:
         """The additive mask with the knockouts' blocked edges closed (rows renormalise over
         the keys they keep; keys the model masks stay masked)."""
+        if not any(taker.knockouts for taker, _ in self.takers):
+            return mask
         low = torch.finfo(self.mask_dtype()).min
         allowed = None if mask is None else mask > low / 2
         blocked = None
@@ -240,7 +282,7 @@ class _Eager:
         every part; the output is recomputed from edited weights, then per-head outputs go
         through their parts."""
         q_len = self.query.shape[2]
-        output, weights, visible = self.run(slice(0, q_len))
+        output, weights, visible, _ = self.run(slice(0, q_len))
         n_heads = weights.shape[1]
         edited = False
         for taker, site in self.takers:
@@ -261,17 +303,25 @@ class _Eager:
                 output = taker.tensor(site, "z", output.transpose(1, 2), n_heads).transpose(1, 2)
         return output.contiguous(), weights
 
-    def streamed(self, block: int) -> tuple[torch.Tensor, None]:
+    def streamed(self, block: int, budget: int | None = None) -> tuple[torch.Tensor, None]:
         """Blocks of ``block`` query rows, handed to the parts as they come: a long input's
-        ``[query, key]`` weights never exist whole."""
-        q_len = self.query.shape[2]
+        ``[query, key]`` weights never exist whole. Each block holds only the keys its rows
+        may see; ``budget`` (rows x keys per block): a causal block of early rows sees
+        fewer keys, so it takes more rows, up to the same size."""
+        q_len, k_len = self.query.shape[2], self.key.shape[2]
+        trim = self.can_trim()
         outputs = []
-        for start in range(0, q_len, block):
-            out, weights, visible = self.run(slice(start, start + block))
+        start = 0
+        while start < q_len:
+            rows = block
+            if budget is not None and trim and self.attention_mask is None and self.causal:
+                rows = max(block, int((math.sqrt(start * start + 4 * budget) - start) / 2))
+            out, weights, visible, k_start = self.run(slice(start, start + rows), trim)
             for taker, site in self.takers:
-                taker.consume(site, weights, start, q_len, visible)
+                taker.consume(site, weights, start, q_len, visible, k_start, k_len)
             outputs.append(out)
             del weights
+            start += rows
         return torch.cat(outputs, dim=1), None
 
 
@@ -315,13 +365,17 @@ def _attend(takers: list[tuple[Recorder, Site]], delegate: str, module: nn.Modul
             return stepped
     eager = _Eager.prepare(takers, delegate, module, query, key, value, attention_mask, kwargs)
     batch, n_heads, q_len, _ = query.shape
-    auto = max(1, BLOCK_BYTES // (batch * n_heads * key.shape[2] * query.element_size()))
+    per_row = batch * n_heads * key.shape[2] * query.element_size()  # bytes of weights
+    budget = BLOCK_BYTES if per_row * q_len <= BLOCK_BYTES else \
+        min(BLOCK_BYTES, max(MIN_BLOCK_BYTES, per_row * q_len // MAPS_SHARE))
+    auto = max(1, budget // per_row)
     block = min(r.query_block or auto for r, _ in takers)
     whole = any(r.needs_whole or r.knockouts or r.takes("z") for r, _ in takers) \
         or eager.dropout > 0
     if whole or q_len <= block:
         return eager.whole()
-    return eager.streamed(block)
+    asked = any(r.query_block for r, _ in takers)  # rows per block the caller fixed
+    return eager.streamed(block, None if asked else block * key.shape[2])
 
 
 def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,

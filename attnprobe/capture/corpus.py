@@ -17,6 +17,7 @@ from torch import nn
 from attnprobe.capture.context import capture
 from attnprobe.capture.generation import generate_maps
 from attnprobe.capture.info import model_scope
+from attnprobe.capture.parts import Reduce
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Text,
@@ -108,10 +109,21 @@ def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
 
     Arguments as :func:`extract`, plus ``reducers`` (default: entropy, max weight,
     previous/self/next and first-key mass) and ``query_block`` (query rows per block; default
-    as many as fit in 16 MiB).
+    as many as fit in 8 MiB).
 
     Returns a :class:`~attnprobe.core.reducers.Tally` (``.summary()`` for one row per head,
     ``.to_frame()`` tidy); tallies of different corpora merge with ``+``.
+
+    Example:
+        >>> tally = ap.head_stats(model, tok, texts, scope="layer:0")  # no [query, key] kept
+        >>> tally.summary()[["head_id", "entropy", "max_weight"]].shape   # one row per head
+        (12, 3)
+        >>> int(tally.to_frame()["count"].iloc[0])      # query rows: 9 + 10 tokens
+        19
+        >>> halves = (ap.head_stats(model, tok, texts[:1], scope="layer:0")
+        ...           + ap.head_stats(model, tok, texts[1:], scope="layer:0"))
+        >>> np.allclose(halves.summary()["entropy"], tally.summary()["entropy"])  # merge exact
+        True
     """
     corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
                             max_length=max_length)
@@ -121,8 +133,8 @@ def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
     def run(span: slice) -> Tally:
         batch = encode(model, tokenizer, corpus.texts[span], max_length=max_length,
                        truncation=truncation)
-        with torch.no_grad(), capture(model, scope=scope, keep=False, reducers=reducers,
-                                      query_block=query_block) as cap:
+        with torch.no_grad(), capture(model, scope=scope,
+                                      parts=[Reduce(reducers, query_block)]) as cap:
             model(**model_inputs(model, batch))
         return cap.tally
 

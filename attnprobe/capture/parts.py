@@ -44,7 +44,8 @@ import torch
 
 from attnprobe.capture.calls import ForwardCall
 from attnprobe.capture.sites import Site
-from attnprobe.core.reducers import Reducer, RowBlock, Tally, default_reducers
+from attnprobe.core.reducers import Reducer, Sums, Tally, default_reducers
+from attnprobe.core.row_blocks import TokenView, row_block, visible_from_weights
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 
@@ -84,9 +85,11 @@ class Host(Protocol):
 class Rows:
     """One block of query rows of one site as a seam hands it over.
 
-    ``pattern`` ``[batch, head, q_block, key]`` (every head), ``kept`` the same restricted to
-    ``heads`` (the scope's heads), rows ``q_start .. q_start + q_block`` of ``q_total``;
-    ``visible`` ``[batch|1, q_block]``: keys each row may attend to (``None``: unknown).
+    ``pattern`` ``[batch, head, q_block, k_block]`` (every head), ``kept`` the same
+    restricted to ``heads`` (the scope's heads), rows ``q_start .. q_start + q_block`` of
+    ``q_total``; ``visible`` ``[batch|1, q_block]``: keys each row may attend to (``None``:
+    unknown). Blocks of rows of a long input may hold only the keys their rows may see,
+    ``k_start .. k_start + k_block`` of ``k_total`` (the others are masked: no weight).
     """
 
     site: Site
@@ -96,6 +99,13 @@ class Rows:
     q_start: int
     q_total: int
     visible: torch.Tensor | None
+    k_start: int = 0
+    k_total: int | None = None
+
+    @property
+    def keys(self) -> slice:
+        """The block's keys among the site's ``k_total``."""
+        return slice(self.k_start, self.k_start + self.pattern.shape[3])
 
 
 class Part:
@@ -149,7 +159,7 @@ class Keep(Part):
 class Reduce(Part):
     """Feed streaming reducers (default :func:`~attnprobe.core.reducers.default_reducers`);
     with nothing else asking for whole rows, the seam hands over blocks of ``query_block``
-    rows (default: as many as fit in 16 MiB)."""
+    rows (default: as many as fit in 8 MiB)."""
 
     reducers: Sequence[Reducer] | None = None
     query_block: int | None = None
@@ -169,31 +179,30 @@ class Reduce(Part):
     def on_rows(self, host: Host, rows: Rows) -> None:
         call = host.current
         site, pattern = rows.site, rows.pattern
-        batch, n_heads, q_block, k_len = pattern.shape
+        batch, n_heads, q_block, k_block = pattern.shape
         # a tally is per head, so it takes exactly the scope's heads (not the maps' grid)
         heads = host.scope.heads_of(site.layer, n_heads)
         kept = rows.kept if heads == rows.heads else pattern[:, list(heads)]
         kept = kept.detach()
         if kept.element_size() < 4:  # half precision: sum in float32, as the kept maps do
             kept = kept.float()
-        q_valid, q_pos, q_ids = call.token_view(site.side, batch, rows.q_total)
-        k_valid, k_pos, k_ids = call.token_view(site.key_side, batch, k_len)
+        queries = TokenView(*call.token_view(site.side, batch, rows.q_total))
+        keys = TokenView(*call.token_view(site.key_side, batch, rows.k_total or k_block))
+        visible = rows.visible
+        if visible is None:  # read from every head's weights (the scope's may all be 0)
+            visible = visible_from_weights(pattern, keys.valid[:, rows.keys])
         span = slice(rows.q_start, rows.q_start + q_block)
-        real_rows = q_valid[:, None, span].to(kept.device)
-        if not torch.isfinite(kept.sum(-1)).logical_or(~real_rows).all():
+        block = row_block(kept, queries, keys, rows=span, key_span=rows.keys, visible=visible,
+                          learned_sink=site in host.learned_sinks)
+        sums: dict[str, Sums] = {}
+        for reducer in self.reducers:
+            sums.update(reducer(block))
+        last = rows.q_start + q_block >= rows.q_total  # more blocks of the site follow?
+        finite = host.tally.add_sums(site.key, heads, float(block.query_valid.sum()), sums,
+                                     more=not last)
+        if not finite:  # reducers mask padding rows: a NaN weight a sum reads is a real row's
             raise InputError(f"a real query row at {site.path} has NaN or inf weights "
                              "(fully masked?)")
-        visible = rows.visible
-        if visible is None:  # keys any head gave weight to; exact unless every head underflows
-            seen = (pattern.detach() > 0).any(1) & k_valid[:, None, :].to(pattern.device)
-            visible = seen.sum(-1)
-        block = RowBlock(pattern=kept, query_valid=q_valid[:, span],
-                         query_pos=q_pos[:, span], key_pos=k_pos,
-                         key_len=k_valid.sum(-1).clamp(min=1),
-                         visible=visible.expand(batch, q_block).cpu(),
-                         query_ids=None if q_ids is None else q_ids[:, span], key_ids=k_ids,
-                         learned_sink=site in host.learned_sinks)
-        host.tally.add(site.key, heads, block, self.reducers)
 
 
 @dataclass(frozen=True)

@@ -342,11 +342,14 @@ class Recorder:
         return blocked
 
     def consume(self, site: Site, pattern: torch.Tensor, q_start: int = 0,
-                q_total: int | None = None, visible: torch.Tensor | None = None) -> None:
+                q_total: int | None = None, visible: torch.Tensor | None = None,
+                k_start: int = 0, k_total: int | None = None) -> None:
         """Take a block of rows ``[batch, head, q_block, key]`` starting at query ``q_start``.
 
         ``visible`` (``[batch|1, q_block]``): how many keys each row was allowed to attend to,
         from the seam's mask; estimated from the weights when the seam cannot know it.
+        ``k_start`` / ``k_total``: a streamed block holding only keys ``k_start ..`` of the
+        site's ``k_total`` (those its rows may see).
         """
         self.fired.setdefault(site)
         self.dtypes.add(pattern.dtype)
@@ -355,7 +358,8 @@ class Recorder:
         heads = self.head_index(n_heads, site)
         self.kept_heads[site] = heads
         kept = pattern if len(heads) == n_heads else pattern[:, list(heads)]
-        rows = Rows(site, pattern, kept, heads, q_start, q_total or pattern.shape[2], visible)
+        rows = Rows(site, pattern, kept, heads, q_start, q_total or pattern.shape[2], visible,
+                    k_start, k_total or pattern.shape[3])
         for part in self.parts:
             part.on_rows(self, rows)
         if self.stop_at and q_start + pattern.shape[2] >= rows.q_total:

@@ -20,6 +20,7 @@ import torch
 
 from attnprobe.core.display import counted, describe, indices
 from attnprobe.core.divergence import entropy
+from attnprobe.core.packed_sums import PackedSums, Sums
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
@@ -59,8 +60,8 @@ class RowBlock:
     def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
         """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
         valid = self.query_valid[:, None, :].to(per_row.device)
-        kept = torch.where(valid, per_row.to(torch.float64), 0.0)  # padding rows may hold NaN
-        return kept.sum(dim=(0, 2))
+        kept = torch.where(valid, per_row, 0.0)  # padding rows may hold NaN
+        return kept.sum(dim=(0, 2), dtype=torch.float64)  # float64 on the fly: no copy
 
     def visible_keys(self) -> torch.Tensor:
         """``[batch, query_block]`` keys each row may attend to (at least 1)."""
@@ -85,12 +86,6 @@ class RowBlock:
             raise InputError(f"the {reducer} statistic needs token ids: call the model with "
                              "input_ids inside the capture (or pass token ids to tally_maps)")
         return self.query_ids, self.key_ids
-
-
-Sums = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
-"""What a reducer returns per statistic: ``[head]`` sums over the block's valid rows (the
-mean is over all rows), or ``(sums, counts)`` when the statistic is defined on only some rows
-(e.g. rows whose token occurs earlier)."""
 
 
 class Reducer(Protocol):
@@ -190,7 +185,15 @@ class KeyMass:
 
 
 def default_reducers() -> list[Reducer]:
-    """The per-head summary: entropy, max weight, previous/self/next mass, first-key mass."""
+    """The per-head summary: entropy, max weight, previous/self/next mass, first-key mass.
+
+    Example:
+        >>> [type(r).__name__ for r in default_reducers()]
+        ['Entropy', 'MaxWeight', 'OffsetMass', 'KeyMass']
+        >>> tally = ap.head_stats(model, tok, texts, scope="layer:0", reducers=default_reducers())
+        >>> list(tally.summary().columns[5:])           # one column per statistic
+        ['entropy', 'max_weight', 'prev', 'self', 'next', 'key[0]']
+    """
     return [Entropy(), MaxWeight(), OffsetMass(), KeyMass((0,))]
 
 
@@ -214,6 +217,8 @@ class Tally:
     counts: dict[SiteKey, float] = field(default_factory=dict)
     heads: dict[SiteKey, tuple[int, ...]] = field(default_factory=dict)
     stat_counts: dict[tuple[str, SiteKey], torch.Tensor] = field(default_factory=dict)
+    # per site, the sums of its blocks so far while more blocks of it follow (add_sums)
+    _pending: dict[SiteKey, PackedSums] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, site: SiteKey, heads: tuple[int, ...], block: RowBlock,
             reducers: Iterable[Reducer]) -> None:
@@ -224,12 +229,33 @@ class Tally:
         self.add_sums(site, heads, float(block.query_valid.sum()), sums)
 
     def add_sums(self, site: SiteKey, heads: tuple[int, ...], rows: float,
-                 sums: dict[str, Sums]) -> None:
-        """Add reducer outputs already computed for ``rows`` query rows of ``site``."""
+                 sums: dict[str, Sums], *, more: bool = False) -> bool:
+        """Add reducer outputs already computed for ``rows`` query rows of ``site``;
+        ``more``: further blocks of the site follow (their sums are packed and added with
+        the last one). Returns whether every sum added so far for the site's blocks is
+        finite."""
         known = self.heads.setdefault(site, heads)
         if known != heads:
             raise ValueError(f"heads {heads} differ from {known} already tallied for {site}")
         self.counts[site] = self.counts.get(site, 0.0) + rows
+        packed = self._pending.get(site)
+        if packed is not None and packed.add(sums):
+            sums = {}
+        else:
+            self._flush(site)
+            packed = PackedSums.of(sums)
+            if packed is not None:
+                self._pending[site], sums = packed, {}
+        finite = True
+        if not more:
+            finite = self._flush(site)
+        if sums:  # sums that do not stack, added one by one
+            finite = finite and all(bool(torch.isfinite(v).all()) for value in sums.values()
+                                    for v in (value if isinstance(value, tuple) else (value,)))
+            self._add_now(site, sums)
+        return finite
+
+    def _add_now(self, site: SiteKey, sums: dict[str, Sums]) -> None:
         for stat, value in sums.items():
             key = (stat, site)
             if isinstance(value, tuple):
@@ -237,7 +263,19 @@ class Tally:
                 _accumulate(self.stat_counts, key, count.to(torch.float64))
             _accumulate(self.sums, key, value)
 
+    def _flush(self, site: SiteKey | None = None) -> bool:
+        """Hand the packed sums of ``site`` (None: every site) over; whether they are
+        finite."""
+        finite = True
+        for key in [site] if site is not None else list(self._pending):
+            packed = self._pending.pop(key, None)
+            if packed is not None:
+                finite = finite and packed.finite()
+                self._add_now(key, packed.unpacked())
+        return finite
+
     def __repr__(self) -> str:
+        self._flush()
         stats = list(dict.fromkeys(stat for stat, _ in self.sums))
         named = ", ".join(stats[:3]) + (", …" if len(stats) > 3 else "")
         groups = {site[:2] for site in self.heads}
@@ -259,6 +297,8 @@ class Tally:
     def __add__(self, other: Tally) -> Tally:
         if not isinstance(other, Tally):
             return NotImplemented
+        self._flush()
+        other._flush()
         merged = Tally(dict(self.sums), dict(self.counts), dict(self.heads),
                        dict(self.stat_counts))
         for site, heads in other.heads.items():
@@ -277,6 +317,7 @@ class Tally:
 
         Heads for which a statistic saw no row get no entry (never a NaN mean).
         """
+        self._flush()
         rows = []
         stats = list(dict.fromkeys(stat for stat, _ in self.sums))  # reducer order
         for site in sorted(self.counts):

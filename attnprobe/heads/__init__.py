@@ -25,6 +25,7 @@ from attnprobe.core.reducers import (
     default_reducers,
 )
 from attnprobe.core.tokens import token_classes
+from attnprobe.heads.census_options import CensusOptions
 from attnprobe.heads.census_stats import CensusStats
 from attnprobe.heads.checkpoint_diff import Diff, diff, diff_censuses
 from attnprobe.heads.copy_steps import CopySteps, find_copy_steps
@@ -50,10 +51,10 @@ from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words
 
 __all__ = [
-    "REDUCERS", "RULES", "AttentionChange", "Census", "CensusStats", "Circuits",
-    "Composition", "CopySteps", "Diff", "Entropy", "Factored", "HeadDistances", "KeyMass",
-    "LogitAttribution", "MaxWeight", "OffsetMass", "Reducer", "RetrievalHits", "RowBlock",
-    "SinkRule", "SyntaxCounts", "Tally", "Thresholds", "Tree", "align_tokens",
+    "REDUCERS", "RULES", "AttentionChange", "Census", "CensusOptions", "CensusStats",
+    "Circuits", "Composition", "CopySteps", "Diff", "Entropy", "Factored", "HeadDistances",
+    "KeyMass", "LogitAttribution", "MaxWeight", "OffsetMass", "Reducer", "RetrievalHits",
+    "RowBlock", "SinkRule", "SyntaxCounts", "Tally", "Thresholds", "Tree", "align_tokens",
     "attention_change", "census", "circuits", "classify", "classify_scores", "cluster_heads",
     "composition", "copy_accuracy", "default_reducers", "diff", "diff_censuses",
     "find_copy_steps", "label_counts", "layer_profile", "logit_attribution", "parse",

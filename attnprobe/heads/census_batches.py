@@ -39,6 +39,8 @@ class Sentence:
     text: Text | None
     tree: Tree | None
     n_tokens: int
+    ids: tuple[int, ...] = ()  # a tree's tokens, as planning tokenized them
+    word_ids: tuple[int, ...] = ()  # each token's word (-1: special)
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,20 +61,17 @@ class CensusBatch:
             batch = encode(self.model, self.tokenizer, [it.text for it in items],
                            max_length=self.max_length, truncation=self.truncation)
             return model_inputs(self.model, batch), None
-        words = [list(it.tree.words) for it in items]
-        enc = self.tokenizer(words, is_split_into_words=True)  # padded here: no pad token needed
-        batch = pad_ids(self.model, self.tokenizer, enc["input_ids"])
+        # tokenized once, when planning; padded here (no pad token needed)
+        batch = pad_ids(self.model, self.tokenizer, [it.ids for it in items])
         token_word = torch.full_like(batch["input_ids"], -1)
-        for b in range(len(items)):
-            found = [-1 if w is None else w for w in enc.word_ids(b)]
-            token_word[b, :len(found)] = torch.tensor(found, dtype=torch.long)
+        for b, it in enumerate(items):
+            token_word[b, :len(it.word_ids)] = torch.tensor(it.word_ids, dtype=torch.long)
         return model_inputs(self.model, batch), token_word
 
 
-def _lengths(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
-             trees: Sequence[Tree] | None) -> list[int]:
-    if trees is None:  # checked as every corpus analysis checks them (capture.text)
-        return token_lengths(tokenizer, texts, model=model)
+def _tree_tokens(model: nn.Module, tokenizer: Any, trees: Sequence[Tree]
+                 ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each tree's token ids and the word of each token (-1: special), checked."""
     try:
         enc = tokenizer([list(t.words) for t in trees], is_split_into_words=True)
     except (TypeError, ValueError) as exc:
@@ -90,7 +89,8 @@ def _lengths(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
             missing = sorted(set(range(len(tree.words))) - covered)[0]
             raise InputError(f"sentence {tree.sentence_id}: word {missing + 1} "
                              f"{tree.words[missing]!r} gives no token")
-    return [len(ids) for ids in enc["input_ids"]]
+    return [(tuple(ids), tuple(-1 if w is None else w for w in enc.word_ids(b)))
+            for b, ids in enumerate(enc["input_ids"])]
 
 
 def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
@@ -99,7 +99,10 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
     if truncation == "cut" and trees is not None:
         raise InputError("a parsed sentence cannot be cut (its tree would no longer match); "
                          "use truncation='skip' (CLI --skip-long)")
-    lengths = _lengths(model, tokenizer, texts, trees)
+    tokens = _tree_tokens(model, tokenizer, trees) if trees is not None else None
+    # texts are checked as every corpus analysis checks them (capture.text)
+    lengths = [len(ids) for ids, _ in tokens] if tokens is not None else \
+        token_lengths(tokenizer, texts, model=model)
     limit = max_length_of(model, tokenizer)
     if max_length is not None:
         limit = min(limit, max_length) if limit else max_length
@@ -115,7 +118,8 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
             skipped.append(sentence_id)
             continue
         text = texts[i] if texts is not None else None
-        items.append(Sentence(i, sentence_id, text, tree, min(n, limit or n)))
+        ids, word_ids = tokens[i] if tokens is not None else ((), ())
+        items.append(Sentence(i, sentence_id, text, tree, min(n, limit or n), ids, word_ids))
     if not items:
         raise InputError(f"every sentence was skipped as too long ({len(skipped)})")
     return items, tuple(skipped)

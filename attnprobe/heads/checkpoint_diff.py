@@ -270,7 +270,19 @@ class Diff:
 
 def diff_censuses(census_a: Census, census_b: Census, *,
                   thresholds: Thresholds | None = None) -> Diff:
-    """Scores and labels of two censuses of the same corpus, head by head (no JS part)."""
+    """Scores and labels of two censuses of the same corpus, head by head (no JS part).
+
+    Example:
+        >>> import copy
+        >>> tuned = copy.deepcopy(lm)
+        >>> with torch.no_grad():                       # layer 1 without queries: uniform rows
+        ...     _ = tuned.blocks[1].attn.q_proj.weight.zero_()
+        >>> a, b = (census(m, lm_tok, [prompt], repeated=False, similarity=False)
+        ...         for m in (lm, tuned))
+        >>> change = diff_censuses(a, b).heads().groupby("layer")["entropy_change"]
+        >>> change.min().gt(0).tolist(), change.max().eq(0).tolist()  # uniform: most entropy
+        ([False, True], [True, False])
+    """
     return Diff(census_a, census_b, None, thresholds)
 
 
@@ -303,6 +315,17 @@ def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
         InputError: models of different shapes (layers, heads), vocabularies or tokenizers,
             of attention of different kinds (causal vs bidirectional, encoder-decoder vs
             not), a model in training mode, or any bad corpus input (as the census).
+
+    Example:
+        >>> import copy
+        >>> tuned = copy.deepcopy(lm)
+        >>> with torch.no_grad():                       # layer 1 without queries: uniform rows
+        ...     _ = tuned.blocks[1].attn.q_proj.weight.zero_()
+        >>> d = diff(lm, tuned, lm_tok, [prompt], repeated=False)
+        >>> d.layers()["js"].gt(0).tolist()             # mean JS per layer; layer 0 unchanged
+        [False, True]
+        >>> d.heads().query("layer == 1")["label_b"].unique().tolist()
+        ['broad']
     """
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     _check_kinds(model_a, model_b)

@@ -120,6 +120,13 @@ def find_copy_steps(ids: Sequence[int], *, min_match: int = 4
 
     Returns ``target`` (``ids[i + 1]`` at a copy step, else -1) and ``source`` (positions some
     step copies from), each of ``len(ids)``. Linear time: each source is marked once.
+
+    Example:
+        >>> target, source = find_copy_steps([5, 6, 7, 8, 5, 6, 7, 8], min_match=2)
+        >>> target          # 5 6 seen before, then 7; 6 7 seen before, then 8
+        [-1, -1, -1, -1, -1, 7, 8, -1]
+        >>> [i for i, s in enumerate(source) if s]      # where those 7 and 8 were read from
+        [2, 3]
     """
     check_number("min_match", min_match, integer=True, minimum=1)
     ids = [int(t) for t in ids]

@@ -41,6 +41,9 @@ from attnprobe.heads.words import FROM_AGGS, align_tokens, to_words
 from attnprobe.types import AttentionMap, head_id
 
 DEFAULT_OFFSETS = (-3, -2, -1, 1, 2, 3)
+# words a relation needs before a table lists it or a label rests on it: an accuracy over
+# fewer words is mostly noise (the census, its syntax table, the labels and the report agree)
+MIN_COUNT = 20
 DIRECTIONS = ("dep->head", "head->dep")
 ALL = "all"
 TABLE_COLUMNS = ("relation", "count", "direction", "stack", "kind", "layer", "head", "head_id",
@@ -183,8 +186,10 @@ class SyntaxCounts(Summable):
         best = int(base.argmax())  # first best offset in ``offsets`` order
         return accuracy, int(base[best]) / count, self.offsets[best], count
 
-    def head_table(self, min_count: int = 1) -> pd.DataFrame:
-        """Every (relation, direction, head) in long form; columns ``TABLE_COLUMNS``."""
+    def head_table(self, min_count: int = MIN_COUNT) -> pd.DataFrame:
+        """Every (relation, direction, head) in long form, for relations with ``count >=
+        min_count`` (:data:`MIN_COUNT`; 1: every relation) and ``all``; columns
+        ``TABLE_COLUMNS``."""
         frames = []
         for group in sorted(self.grids):
             layers, heads = self.grids[group]
@@ -205,10 +210,11 @@ class SyntaxCounts(Summable):
             return pd.DataFrame(columns=list(TABLE_COLUMNS))
         return pd.concat(frames, ignore_index=True)[list(TABLE_COLUMNS)]
 
-    def table(self, min_count: int = 1) -> pd.DataFrame:
+    def table(self, min_count: int = MIN_COUNT) -> pd.DataFrame:
         """The best head per relation (over both directions and all heads), Clark's Table 1.
 
-        One row per ``(stack, kind, relation)`` with ``count >= min_count``, plus ``all``
+        One row per ``(stack, kind, relation)`` with ``count >= min_count`` (default
+        :data:`MIN_COUNT` words, as the census; 1: every relation), plus ``all``
         (UAS); columns ``TABLE_COLUMNS``; accuracies are fractions in [0, 1];
         ``margin = accuracy - baseline``. Sorted by count, descending. Ties go to the first
         head in (direction, layer, head) order.
@@ -226,7 +232,7 @@ class SyntaxCounts(Summable):
         frame = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
         return frame.sort_values("count", ascending=False, kind="stable").reset_index(drop=True)
 
-    def per_head(self, min_count: int = 20, exclude: Sequence[str] = ("punct",)
+    def per_head(self, min_count: int = MIN_COUNT, exclude: Sequence[str] = ("punct",)
                  ) -> pd.DataFrame:
         """One row per head: its best relation by margin, and its dependency alignment.
 
@@ -359,7 +365,8 @@ def count_syntax(maps: Sequence[AttentionMap], trees: Sequence[Tree], *,
 
 
 def syntax(maps: Sequence[AttentionMap], trees: Sequence[Tree], *, from_agg: str = "mean",
-           offsets: Sequence[int] = DEFAULT_OFFSETS, min_count: int = 1) -> pd.DataFrame:
+           offsets: Sequence[int] = DEFAULT_OFFSETS, min_count: int = MIN_COUNT
+           ) -> pd.DataFrame:
     """Best head per dependency relation on stored maps (Clark et al. 2019, Table 1).
 
     Args:
@@ -368,10 +375,22 @@ def syntax(maps: Sequence[AttentionMap], trees: Sequence[Tree], *, from_agg: str
             :func:`~attnprobe.heads.trees.parse`), in the same order.
         from_agg: attention from a multi-piece word: ``mean``, ``first`` or ``max``.
         offsets: fixed-offset baseline offsets.
-        min_count: leave out relations with fewer words.
+        min_count: leave out relations with fewer words (default :data:`MIN_COUNT` = 20,
+            as ``Census.syntax()`` and the labels; 1 lists every relation, however rare).
 
     Returns:
         :meth:`SyntaxCounts.table`: one row per relation plus ``all``, columns
         ``TABLE_COLUMNS``.
+
+    Example:
+        >>> syntax(maps, trees)["relation"].tolist()    # 2 sentences: no relation has 20 words
+        ['all']
+        >>> table = syntax(maps, trees, min_count=1)    # one gold tree per map, every relation
+        >>> table[["relation", "count", "direction", "head_id", "accuracy"]]
+        >>> det = table.set_index("relation").loc["det"]     # The cat, the mat, A dog, ...
+        >>> int(det["count"]), float(det["baseline"]), int(det["baseline_offset"])
+        (4, 1.0, 1)
+        >>> int(table.set_index("relation").loc["all", "count"])   # non-root words: 2 × 6
+        12
     """
     return count_syntax(maps, trees, from_agg=from_agg, offsets=offsets).table(min_count)

@@ -307,8 +307,12 @@ def logit_attribution(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | 
             :func:`tolerance` relative): the model computes something its adapter misses.
 
     Example:
-        >>> dla = ap.heads.logit_attribution(lm, tok, texts, "logit:next", positions="all")
-        >>> dla.by_head()          # layer × head: each head's direct part of the metric
+        >>> dla = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:next", positions="all")
+        >>> dla.by_head().shape    # layer × head: each head's direct part of the metric
+        (2, 4)
+        >>> t = dla.totals         # the components add up to the model's own metric
+        >>> bool(np.allclose(t["components"], t["value"], atol=1e-4))
+        True
     """
     del seed  # deterministic: nothing is drawn
     parts = anatomy(model)

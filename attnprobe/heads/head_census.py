@@ -1,12 +1,13 @@
 """The head census: every per-head score over a corpus, streamed batch by batch.
 
-:func:`census` runs the model once per batch inside :func:`~attnprobe.capture.capture`.
-Streaming reducers (entropy, offsets, token classes, token matches, segments) see the
-weights as they are computed; when trees are given (or parsed) the batch's padded weights
-are also turned into word-level maps and scored against the dependency relations, and head
-distances (Jensen–Shannon) are accumulated. Each batch yields a mergeable part; parts are
-summed in batch order, so a run split across processes (``torch.distributed``) gives the
-same numbers as one process.
+:func:`census` runs the model once per batch inside one :func:`~attnprobe.capture.capture`
+for the whole corpus; its part (:class:`~attnprobe.heads.census_tap.CensusTap`) reduces the
+weights as they are computed (entropy, offsets, sinks, token classes, token matches,
+segments) and keeps only the rows the head distances (Jensen–Shannon) read; when trees are
+given (or parsed) the batch's padded weights are also turned into word-level maps and scored
+against the dependency relations. Each batch yields a mergeable part; parts are summed in
+batch order, so a run split across processes (``torch.distributed``) gives the same numbers
+as one process.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture.calls import BatchPatterns, positions
+from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import model_info, model_scope
 from attnprobe.capture.text import (
@@ -29,113 +30,29 @@ from attnprobe.capture.text import (
     truncation_mode,
 )
 from attnprobe.core import html_view
-from attnprobe.core.display import counted, describe, grid
+from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
-from attnprobe.core.reducers import Reducer, RowBlock, Tally
+from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import token_classes
 from attnprobe.errors import InputError
 from attnprobe.heads import labels
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
-from attnprobe.heads.dependencies import SyntaxCounts, score_batch
+from attnprobe.heads.census_options import CensusOptions
+from attnprobe.heads.census_parts import CensusPart
+from attnprobe.heads.census_tap import CensusTap
+from attnprobe.heads.dependencies import MIN_COUNT, SyntaxCounts, score_batch
 from attnprobe.heads.probe import probe_length as resolve_probe_length
 from attnprobe.heads.probe import probe_limits, probe_tally, repeated_tokens
 from attnprobe.heads.scores import (
-    DEFAULT_MAX_OFFSET,
     INDEX,
     census_reducers,
     offset_table,
     wide_scores,
 )
-from attnprobe.heads.similarity import HeadDistances, cluster_heads
+from attnprobe.heads.similarity import cluster_heads
 from attnprobe.heads.trees import Tree, texts_or_trees
 from attnprobe.heads.words import to_words
-
-
-@dataclass
-class StackedSums:
-    """Reducer sums of every layer of one (stack, kind) at once, ``[layer * head]`` per
-    statistic. Batches add these; they are split into a per-layer :class:`Tally` once, at
-    the end (splitting per batch costs more than the statistics themselves)."""
-
-    stack: str
-    kind: str
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    rows: float
-    sums: dict[str, Any]
-
-    def __add__(self, other: StackedSums) -> StackedSums:
-        if (self.stack, self.kind, self.layers, self.heads) != \
-                (other.stack, other.kind, other.layers, other.heads):
-            raise InputError("cannot add sums of different attention sites")
-        sums = dict(self.sums)
-        for name, value in other.sums.items():
-            if name not in sums:
-                sums[name] = value
-            elif isinstance(value, tuple):
-                sums[name] = (sums[name][0] + value[0], sums[name][1] + value[1])
-            else:
-                sums[name] = sums[name] + value
-        return StackedSums(self.stack, self.kind, self.layers, self.heads,
-                           self.rows + other.rows, sums)
-
-    def __repr__(self) -> str:
-        return describe("StackedSums", f"{self.stack} {self.kind}",
-                        grid(self.layers, self.heads), counted(len(self.sums), "statistic"),
-                        counted(self.rows, "row"))
-
-    def to_tally(self) -> Tally:
-        tally = Tally()
-        n_heads = len(self.heads)
-        for li, layer in enumerate(self.layers):
-            heads = slice(li * n_heads, (li + 1) * n_heads)
-            layer_sums = {name: tuple(v[heads] for v in value) if isinstance(value, tuple)
-                          else value[heads] for name, value in self.sums.items()}
-            tally.add_sums((self.stack, self.kind, layer), self.heads, self.rows, layer_sums)
-        return tally
-
-
-@dataclass
-class CensusPart:
-    """What one batch contributed; parts add exactly."""
-
-    tally: Tally = field(default_factory=Tally)
-    stacked: dict[tuple[str, str], StackedSums] = field(default_factory=dict)
-    syntax: SyntaxCounts | None = None
-    distances: HeadDistances | None = None
-    sentences: int = 0
-
-    def __add__(self, other: CensusPart) -> CensusPart:
-        def plus(a: Any, b: Any) -> Any:
-            return b if a is None else a if b is None else a + b
-
-        stacked = dict(self.stacked)
-        for key, value in other.stacked.items():
-            stacked[key] = plus(stacked.get(key), value)
-        return CensusPart(self.tally + other.tally, stacked, plus(self.syntax, other.syntax),
-                          plus(self.distances, other.distances),
-                          self.sentences + other.sentences)
-
-    def shape(self) -> tuple[int, int, float]:
-        """``(heads, layers, rows)`` summed over: every (stack, kind, layer, head) site, the
-        distinct layers, and the most query rows any layer saw (the corpus' tokens)."""
-        heads = {(*site, h) for site, hs in self.tally.heads.items() for h in hs}
-        heads |= {(s.stack, s.kind, layer, h) for s in self.stacked.values()
-                  for layer in s.layers for h in s.heads}
-        rows = [*self.tally.counts.values(), *(s.rows for s in self.stacked.values()), 0.0]
-        return len(heads), len({h[2] for h in heads}), max(rows)
-
-    def __repr__(self) -> str:
-        heads, layers, rows = self.shape()
-        return describe("CensusPart", counted(self.sentences, "sentence"), counted(rows, "row"),
-                        f"{counted(heads, 'head')} in {counted(layers, 'layer')}",
-                        "syntax" if self.syntax is not None else None,
-                        "head distances" if self.distances is not None else None)
-
-    def full_tally(self) -> Tally:
-        """Streaming and stacked sums together, per (stack, kind, layer)."""
-        return sum((s.to_tally() for s in self.stacked.values()), self.tally)
 
 
 @dataclass
@@ -154,7 +71,7 @@ class Census:
     part: CensusPart
     skipped: tuple[str, ...] = ()
     window: int = 3
-    min_count: int = 20
+    min_count: int = MIN_COUNT
     probe: Tally | None = None
     scope: Scope = field(default_factory=Scope)
     probe_length: int | None = None
@@ -215,11 +132,13 @@ class Census:
         (:func:`~attnprobe.heads.labels.layer_profile`)."""
         return labels.layer_profile(self.classify(thresholds))
 
-    def syntax(self, min_count: int = 1) -> pd.DataFrame:
-        """Best head per relation vs the best fixed-offset baseline (Clark et al. Table 1)."""
+    def syntax(self, min_count: int | None = None) -> pd.DataFrame:
+        """Best head per relation vs the best fixed-offset baseline (Clark et al. Table 1):
+        relations with at least ``min_count`` words (default: the census's ``min_count``,
+        :data:`MIN_COUNT` = 20, as the labels use), plus ``all``."""
         if self.part.syntax is None:
             raise InputError("this census had no dependency trees; pass trees= or syntax=True")
-        return self.part.syntax.table(min_count)
+        return self.part.syntax.table(self.min_count if min_count is None else min_count)
 
     def offsets(self) -> pd.DataFrame:
         """Mass and argmax share at every relative offset, per head (long form)."""
@@ -238,79 +157,45 @@ class Census:
         return cluster_heads(self.part.distances, n_clusters)
 
 
-def _main_self(batches: list[BatchPatterns]) -> BatchPatterns:
-    return next(b for b in batches if b.kind == "self")
-
-
-def _stacked_sums(patterns: BatchPatterns, reducers: list[Reducer]) -> StackedSums:
-    """Every layer of one batch through the reducers in one go (a few large tensor
-    operations instead of many small ones per layer); same sums as streaming."""
-    pattern = patterns.pattern  # [batch, layer, head, q, k]
-    n_batch, n_layers, n_heads, q_len, k_len = pattern.shape
-    # keys any head of the first layer gave weight to: what the mask let each row see
-    seen = (pattern[:, 0] > 0).any(1) & patterns.key_valid[:, None, :]
-    block = RowBlock(pattern=pattern.reshape(n_batch, n_layers * n_heads, q_len, k_len),
-                     query_valid=patterns.query_valid, query_pos=positions(patterns.query_valid),
-                     key_pos=positions(patterns.key_valid),
-                     key_len=patterns.key_valid.sum(-1).clamp(min=1), visible=seen.sum(-1),
-                     query_ids=patterns.query_ids, key_ids=patterns.key_ids,
-                     learned_sink=patterns.learned_sink)
-    sums: dict[str, Any] = {}
-    for reducer in reducers:
-        sums.update(reducer(block))
-    return StackedSums(patterns.stack, patterns.kind, patterns.layers, patterns.heads,
-                       float(patterns.query_valid.sum()), sums)
-
-
 @dataclass(frozen=True)
 class _Run:
     """What every batch of one census shares."""
 
     model: nn.Module
-    scope: Scope
-    reducers: list
-    similarity: bool
-    similarity_rows: int | None
+    tap: CensusTap
     from_agg: str
 
 
+def _syntax(run: _Run, items: Sequence[Any], patterns: BatchPatterns,
+            token_word: torch.Tensor) -> SyntaxCounts:
+    """The batch's word-level weights scored against its trees."""
+    trees = [it.tree for it in items]
+    n_words = max(len(t.words) for t in trees)
+    word_pattern = to_words(patterns.pattern.to(torch.float32), token_word, n_words,
+                            from_agg=run.from_agg)
+    word_mask = torch.arange(n_words)[None, :] < torch.tensor([len(t) for t in trees])[:, None]
+    return score_batch(word_pattern, word_mask, trees, layers=patterns.layers,
+                       heads=patterns.heads, stack=patterns.stack, kind=patterns.kind)
+
+
 def _run_batch(run: _Run, group: CensusBatch) -> CensusPart:
-    model = run.model
-    items = group.sentences
+    """One forward inside the corpus' capture; what the tap kept of it."""
     inputs, token_word = group.inputs()
-    keep = run.similarity or token_word is not None
-    with torch.no_grad(), capture(model, run.scope, keep=keep,
-                                  reducers=None if keep else run.reducers,
-                                  stop_early=True) as cap:
-        model(**inputs)  # stops after the last attention layer
-    part = CensusPart(tally=cap.tally, sentences=len(items))
-    if not keep:
-        return part
-    groups = cap.batches()
-    part.stacked = {(g.stack, g.kind): _stacked_sums(g, run.reducers) for g in groups}
-    patterns = _main_self(groups)
-    if run.similarity:
-        part.distances = HeadDistances.from_batch(patterns, max_rows=run.similarity_rows)
-    if token_word is not None:
-        trees = [it.tree for it in items]
-        n_words = max(len(t.words) for t in trees)
-        word_pattern = to_words(patterns.pattern.to(torch.float32), token_word, n_words,
-                                from_agg=run.from_agg)
-        word_mask = torch.arange(n_words)[None, :] < torch.tensor([len(t) for t in trees])[:, None]
-        part.syntax = score_batch(word_pattern, word_mask, trees, layers=patterns.layers,
-                                  heads=patterns.heads, stack=patterns.stack, kind=patterns.kind)
+    try:
+        run.model(**inputs)
+    except StopForward:  # after the last attention layer: the rest is not needed
+        pass
+    part, main = run.tap.take(len(group.sentences))
+    if token_word is not None and main is not None:
+        part.syntax = _syntax(run, group.sentences, main, token_word)
     return part
 
 
 def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
            trees: Sequence[Tree] | None = None, scope: ScopeLike = "all",
            batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-           seed: int = 0, progress: bool = False, syntax: bool | None = None,
-           similarity: bool = True, similarity_rows: int | None = 16, repeated: bool = True,
-           probe_length: int | None = None, max_length: int | None = None, window: int = 3,
-           min_count: int = 20, from_agg: str = "mean", nlp: Any = None,
-           distributed: bool | None = None,
-           max_offset: int | None = DEFAULT_MAX_OFFSET) -> Census:
+           seed: int = 0, progress: bool = False, distributed: bool | None = None,
+           options: CensusOptions | None = None, **keywords: Any) -> Census:
     """Score every head of ``model`` over a corpus.
 
     Args:
@@ -324,53 +209,37 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
             texts (parsed sentences cannot be cut).
         seed: seeds the repeated-random-token probe.
         progress: show a progress bar over batches (tqdm).
-        syntax: parse ``texts`` with spaCy (``nlp`` or the packaged English pipeline) to
-            score heads against dependency relations; default: only when trees are given.
-        similarity: accumulate Jensen–Shannon distances between heads (keeps each batch's
-            weights briefly; switch off for very long inputs).
-        similarity_rows: query rows per batch used for the distances, evenly spaced over
-            the batch (their cost is heads² × rows × keys); ``None``: every row.
-        repeated: also run the repeated-random-token probe (``rep_*`` scores), built
-            through the tokenizer's own template (``[CLS] x x [SEP]``, ``<s> x x`` ...).
-        probe_length: tokens per copy of the probe. Default: what fits the context the
-            model was trained on, ``(limit - template) // 2``, at most 32 and the tokenizer's
-            ordinary tokens; the limit is ``model.trained_length`` where the model gives it
-            (``ref:induction``: 48, so 23), else its positions (``max_position_embeddings``,
-            the tokenizer's ``model_max_length``). A longer length is a warning naming the
-            limit; one the model's positions cannot hold is an error.
         distributed: split batches across the ranks of an initialised ``torch.distributed``
             process group and all-gather the parts (default: when a group is initialised).
-        max_offset: relative offsets beyond ±max_offset (default 64) share one ``far`` bin
-            in ``.offsets()`` and the argmax (``pos_*``) statistics; sentences of up to 65
-            tokens keep every offset. ``None`` keeps a bin per offset (on long inputs every
-            block of rows then costs O(length) statistics).
+        options: what the census computes (:class:`~attnprobe.heads.census_options.
+            CensusOptions`: syntax, head distances, the repeated-token probe, offsets ...).
+        keywords: any option by name, e.g. ``similarity=False`` (a shim over ``options``:
+            they replace its fields).
 
     Returns:
         A :class:`Census`; ``.scores()``, ``.classify()``, ``.syntax()``, ``.layer_profile()``,
         ``.distances()`` give tidy tables.
+
+    Example:
+        >>> c = census(lm, lm_tok, [prompt])            # 2 layers × 4 heads, probe included
+        >>> scores = c.scores()                         # one row per head, every score
+        >>> len(scores), "rep_induction" in scores.columns
+        (8, True)
+        >>> c.classify()[["head_id", "label", "evidence"]]
     """
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
-    if similarity_rows is not None and (isinstance(similarity_rows, bool)
-                                        or not isinstance(similarity_rows, int)
-                                        or similarity_rows < 1):
-        raise InputError(f"similarity_rows must be a positive integer or None (every row); "
-                         f"got {similarity_rows!r}")
-    if max_offset is not None and (isinstance(max_offset, bool) or not isinstance(max_offset, int)
-                                   or max_offset < 1):
-        raise InputError(f"max_offset must be a positive integer or None (every offset); "
-                         f"got {max_offset!r}")
+    opts = (options or CensusOptions()).with_keywords(keywords)
     truncation = truncation_mode(truncation)
     scope = model_scope(model, scope)
     classes = token_classes(tokenizer)
     limits = probe_limits(model, tokenizer)
-    if repeated:  # checked before any forward: a bad length fails fast
-        probe_length = resolve_probe_length(tokenizer, probe_length, classes=classes,
+    probe_length = None
+    if opts.repeated:  # checked before any forward: a bad length fails fast
+        probe_length = resolve_probe_length(tokenizer, opts.probe_length, classes=classes,
                                             max_length=limits.positions,
                                             trained_length=limits.trained)
-    elif probe_length is not None:
-        raise InputError("probe_length needs the repeated-token probe; drop repeated=False")
-    texts, trees = texts_or_trees(texts, trees, syntax, nlp)
+    texts, trees = texts_or_trees(texts, trees, opts.syntax, opts.nlp)
     if isinstance(trees, (str, Tree)):
         raise InputError("trees must be a list of Tree objects; wrap a single tree in a list")
     trees = list(trees) if trees is not None else None
@@ -381,16 +250,19 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
         raise InputError(f"trees[{wrong}] is a {type(trees[wrong]).__name__}, not a Tree "
                          "(read_conllu or parse make them; raw sentences go in texts)")
     batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
-                                    truncation=truncation, max_length=max_length)
-    reducers = census_reducers(classes=classes, max_offset=max_offset)
-    run = _Run(model, scope, reducers, similarity, similarity_rows, from_agg)
-    parts = run_sharded(partial(_run_batch, run), batches,
-                        distributed=distributed, progress=progress, desc="census")
+                                    truncation=truncation, max_length=opts.max_length)
+    reducers = census_reducers(classes=classes, max_offset=opts.max_offset)
+    # one capture for the corpus: each batch's forward is read by the tap and dropped
+    tap = CensusTap(reducers, sample_rows=opts.similarity_rows if opts.similarity else 0,
+                    keep_main=trees is not None)
+    with torch.no_grad(), capture(model, scope, parts=[tap], stop_early=True):
+        parts = run_sharded(partial(_run_batch, _Run(model, tap, opts.from_agg)), batches,
+                            distributed=distributed, progress=progress, desc="census")
     merged = CensusPart()
     for part in parts:  # in batch order, whatever the number of ranks
         merged = merged + part
     probe = probe_tally(model, repeated_tokens(tokenizer, length=probe_length, seed=seed,
                                                max_length=limits.positions, classes=classes),
-                        classes=classes, scope=scope) if repeated else None
-    return Census(merged, skipped, window, min_count, probe, scope, probe_length,
+                        classes=classes, scope=scope) if opts.repeated else None
+    return Census(merged, skipped, opts.window, opts.min_count, probe, scope, probe_length,
                   model=model_info(model, implementation="").name)

@@ -196,8 +196,11 @@ def composition(model: nn.Module | Circuits, *, kinds: Sequence[str] = KINDS,
         ``.baseline(kind)``.
 
     Example:
-        >>> comp = ap.heads.composition(model)
-        >>> comp.matrix("k", "ratio")       # K-composition as a multiple of the baseline
+        >>> comp = ap.heads.composition(lm)             # pre-norm: 2 layers × 4 heads
+        >>> comp.matrix("k", "ratio").shape  # K-composition over the baseline, writer × reader
+        (4, 4)
+        >>> len(comp.table)                             # 3 kinds × 4 writers × 4 readers
+        48
     """
     kinds = tuple(dict.fromkeys(kinds))
     for kind in kinds:

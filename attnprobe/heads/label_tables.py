@@ -90,6 +90,17 @@ def classify_scores(scores: pd.DataFrame, thresholds: Thresholds | None = None) 
     Raises:
         InputError: missing index columns, an empty table, a duplicated head, a non-numeric
             score the rules read, or a head whose every score is NaN.
+
+    Example:
+        >>> scores = pd.DataFrame({"stack": "enc", "kind": "self", "layer": [0, 0, 1],
+        ...                        "head": [0, 1, 0], "head_id": ["L0H0", "L0H1", "L1H0"],
+        ...                        "prev_nosink": [0.9, 0.05, 0.1],
+        ...                        "self_nosink": [0.05, 0.9, 0.1]})
+        >>> classify_scores(scores)[["head_id", "label", "family", "evidence"]]
+          head_id          label         family               evidence
+        0    L0H0       previous          local  prev_nosink=0.9 > 0.5
+        1    L0H1           self          local  self_nosink=0.9 > 0.5
+        2    L1H0  heterogeneous  heterogeneous          no rule fired
     """
     thresholds = Thresholds() if thresholds is None else thresholds
     if not isinstance(thresholds, Thresholds):
@@ -139,6 +150,17 @@ def layer_profile(classified: pd.DataFrame) -> pd.DataFrame:
 
     Raises:
         InputError: missing index or ``label`` columns, an empty table, or an unknown label.
+
+    Example:
+        >>> scores = pd.DataFrame({"stack": "enc", "kind": "self", "layer": [0, 0, 1],
+        ...                        "head": [0, 1, 0], "head_id": ["L0H0", "L0H1", "L1H0"],
+        ...                        "prev_nosink": [0.9, 0.05, 0.1],
+        ...                        "self_nosink": [0.05, 0.9, 0.1]})
+        >>> profile = layer_profile(classify_scores(scores))   # previous, self; heterogeneous
+        >>> profile[["layer", "n_heads", "share_previous", "share_self", "family_local"]]
+           layer  n_heads  share_previous  share_self  family_local
+        0      0        2             0.5         0.5           1.0
+        1      1        1             0.0         0.0           0.0
     """
     _check_table(classified, (*INDEX_COLUMNS, "label"), "classified table")
     precedence = RULES.precedence()
@@ -181,6 +203,18 @@ def label_counts(classified: pd.DataFrame) -> pd.DataFrame:
 
     Raises:
         InputError: missing index or ``label`` columns, an empty table, or an unknown label.
+
+    Example:
+        >>> scores = pd.DataFrame({"stack": "enc", "kind": "self", "layer": [0, 0, 1],
+        ...                        "head": [0, 1, 0], "head_id": ["L0H0", "L0H1", "L1H0"],
+        ...                        "prev_nosink": [0.9, 0.05, 0.1],
+        ...                        "self_nosink": [0.05, 0.9, 0.1]})
+        >>> label_counts(classify_scores(scores))[["family", "family_heads", "label", "heads",
+        ...                                        "head_ids"]]
+                  family  family_heads          label  heads head_ids
+        0          local             2       previous      1     L0H0
+        1          local             2           self      1     L0H1
+        2  heterogeneous             1  heterogeneous      1     L1H0
     """
     _check_table(classified, (*INDEX_COLUMNS, "label"), "classified table")
     unknown = sorted(set(classified["label"]) - set(RULES.precedence()), key=str)

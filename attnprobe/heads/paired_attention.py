@@ -255,6 +255,17 @@ def attention_change(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
 
     Returns:
         An :class:`AttentionChange`; ``.to_frame()`` gives one row per head.
+
+    Example:
+        >>> import copy
+        >>> tuned = copy.deepcopy(lm)
+        >>> with torch.no_grad():                       # layer 1 without queries: uniform rows
+        ...     _ = tuned.blocks[1].attn.q_proj.weight.zero_()
+        >>> change = attention_change(lm, tuned, lm_tok, [prompt]).to_frame()
+        >>> change.groupby("layer")["js"].max().gt(0).tolist()   # layer 0 is unchanged
+        [False, True]
+        >>> change["rows"].tolist() == [17] * 8         # [BOS] + 16 query rows, per head
+        True
     """
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     if (texts is None) == (trees is None):

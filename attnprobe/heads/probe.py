@@ -177,7 +177,18 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int | Non
     ``rep_induction_ahead`` per head, as a mergeable tally (see
     :class:`~attnprobe.heads.census_stats.CensusStats`). ``length``: tokens per copy
     (:func:`probe_length`, within the model's :func:`probe_limits`); ``classes``: the
-    tokenizer's token classes when already known (:func:`token_classes`)."""
+    tokenizer's token classes when already known (:func:`token_classes`).
+
+    Example:
+        >>> scores = repeated_token_scores(lm, lm_tok, n_sequences=4).summary()  # [BOS] x x
+        >>> len(scores)                                 # one row per head
+        8
+        >>> list(scores.columns[5:])
+        ['rep_prev', 'rep_duplicate', 'rep_induction', 'rep_duplicate_ahead', 'rep_induction_ahead']
+        >>> bool(scores["rep_induction_ahead"].eq(0).all())   # causal: no later copy is seen
+        True
+        >>> scores.nlargest(4, "rep_induction")[["head_id", "rep_induction"]]
+    """
     classes = classes if classes is not None else token_classes(tokenizer)
     limits = probe_limits(model, tokenizer)
     length = probe_length(tokenizer, length, max_length=limits.positions,

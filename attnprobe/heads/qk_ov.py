@@ -248,9 +248,12 @@ def circuits(model: nn.Module) -> Circuits:
         copying scores.
 
     Example:
-        >>> c = ap.heads.circuits(model)
+        >>> c = ap.heads.circuits(lm)                   # pre-norm: 2 layers × 4 heads
         >>> c.table.nlargest(4, "copying_score")     # the heads that copy what they read
-        >>> c.ov(1, 0).eigenvalues()
+        >>> c.ov(1, 0)                                  # W_OV [d_model, d_model], factored
+        Factored(64 × 64, rank ≤ 16)
+        >>> c.ov(1, 0).eigenvalues().shape              # one per rank (d_head = 64 / 4)
+        torch.Size([16])
     """
     parts = anatomy(model)
     layers = folded_weights(parts)

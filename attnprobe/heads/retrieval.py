@@ -156,8 +156,12 @@ def retrieval_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str] | Co
         number of steps it is a share of; ``attrs["skipped"]`` lists examples left out.
 
     Example:
-        >>> task = needle_task(16, length=256, depth=0.5)
-        >>> retrieval_scores(model, tok, task).query("retrieval > 0.1")   # the copying heads
+        >>> from attnprobe.tasks import needle_task
+        >>> task = needle_task(4, length=64, depth=0.5)  # needles of 16, 2 given: 14 steps
+        >>> scores = retrieval_scores(lm, lm_tok, task)  # a causal LM: ref:induction
+        >>> len(scores), int(scores["copy_steps"].iloc[0])   # 2 × 4 heads; 4 × 14 steps
+        (8, 56)
+        >>> scores.query("retrieval > 0.1")             # the copying heads
     """
     del seed  # deterministic: every copy step is used
     scope = model_scope(model, scope)
@@ -198,6 +202,15 @@ def copy_accuracy(model: nn.Module, tokenizer: Any, texts: Sequence[str] | CopyT
     Returns:
         One row per example (:data:`ACCURACY_COLUMNS`): ``copy_steps``, ``correct`` and
         their ratio ``accuracy``.
+
+    Example:
+        >>> acc = copy_accuracy(lm, lm_tok, [prompt])   # [BOS], 8 tokens, the same 8 again
+        >>> acc.columns.tolist()
+        ['example', 'copy_steps', 'correct', 'accuracy']
+        >>> int(acc["copy_steps"][0])   # 4 tokens matched at positions 12-15 (16 is the last)
+        4
+        >>> with ap.perturb.perturbed(lm, "zero", scope="layer:1"):    # the cost of ablating
+        ...     ablated = copy_accuracy(lm, lm_tok, [prompt])
     """
     steps = as_copy_steps(model, tokenizer, texts, truncation=truncation, min_match=min_match)
     rows = {}

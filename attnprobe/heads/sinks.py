@@ -16,7 +16,7 @@ renormalised; the sink mass is a score of its own.
   would otherwise make every sequence's last key a column).
 
 Columns are found among the rows a reducer sees at once: every row of a sequence in the census
-and in stored maps, except when a streamed input is longer than one block of rows (16 MiB of
+and in stored maps, except when a streamed input is longer than one block of rows (8 MiB of
 weights), where each block of rows finds its own.
 
 The statistics judged on the mass left after the sink keys (``sink``, ``rest``,
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from attnprobe.core.reducers import RowBlock
+from attnprobe.core.row_blocks import SeenPairs, seen_pairs
 from attnprobe.errors import InputError
 
 __all__ = ["SinkRule", "SinkView", "aligned", "pairs_seen", "sink_keys", "sink_view"]
@@ -62,41 +63,29 @@ class SinkRule:
 
 
 def pairs_seen(block: RowBlock, a: torch.Tensor) -> torch.Tensor:
-    """``[batch, query, key]`` bool: the (valid) row may attend to the (real) key.
-
-    Read from the block's ``visible`` counts when they match a bidirectional (every real key)
-    or causal (keys up to the row's own position) mask; otherwise, the keys some head of the
-    block gave weight to.
-    """
-    device = a.device
-    rows = block.query_valid.to(device)
-    real = block.real_keys().to(device)[:, None, :] & rows[:, :, None]
-    if block.visible is None:
-        return real
-    visible = block.visible.to(device)
-    if bool(((visible == block.key_len.to(device)[:, None]) | ~rows).all()):
-        return real
-    query_pos, key_pos = block.query_pos.to(device), block.key_pos.to(device)
-    if bool(((visible == query_pos + 1) | ~rows).all()):
-        return real & (key_pos[:, None, :] <= query_pos[:, :, None])
-    return real & (a > 0).any(1)
+    """``[batch, query, key]`` bool: the (valid) row may attend to the (real) key, by the
+    block's rule (:func:`attnprobe.core.row_blocks.seen_pairs`)."""
+    return seen_pairs(block, a)
 
 
-def sink_keys(block: RowBlock, a: torch.Tensor, seen: torch.Tensor,
+def sink_keys(block: RowBlock, a: torch.Tensor, seen: torch.Tensor | SeenPairs,
               start_ids: torch.Tensor | None, rule: SinkRule
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(fixed [batch, key], sinks [batch, head, key])`` bool: the first token and start
     tokens, and every sink key of each head (those plus its column sinks).
 
-    ``a`` ``[batch, head, query, key]``; ``seen`` from :func:`pairs_seen`; ``start_ids``: ids
-    of the start tokens (None or empty: only the first token is fixed).
+    ``a`` ``[batch, head, query, key]``; ``seen`` the pairs the rows see (:func:`pairs_seen`
+    or a :class:`~attnprobe.core.row_blocks.SeenPairs`); ``start_ids``: ids of the start
+    tokens (None or empty: only the first token is fixed).
     """
+    if isinstance(seen, torch.Tensor):
+        seen = _Given(seen)
     device = a.device
     real = block.real_keys().to(device)
     fixed = (block.key_pos.to(device) == 0) & real
     if start_ids is not None and start_ids.numel() and block.key_ids is not None:
         fixed = fixed | (torch.isin(block.key_ids.to(device), start_ids.to(device)) & real)
-    seers = seen.sum(1)  # [batch, key]
+    seers = seen.per_key()  # [batch, key]
     # More than share·seers rows above epsilon needs a column sum above epsilon·share·seers,
     # so one cheap pass finds the few candidates (the sum over every row, padding rows
     # included, can only overestimate) and only their columns are counted exactly.
@@ -106,18 +95,39 @@ def sink_keys(block: RowBlock, a: torch.Tensor, seen: torch.Tensor,
     b, h, k = candidate.nonzero(as_tuple=True)
     column = torch.zeros_like(candidate)
     if len(b):
-        hits = ((a[b, h, :, k] > rule.epsilon) & seen[b, :, k]).sum(-1)  # [candidates]
+        hits = ((a[b, h, :, k] > rule.epsilon) & seen.columns(b, k)).sum(-1)  # [candidates]
         ok = hits > rule.share * seers[b, k]
         column[b[ok], h[ok], k[ok]] = True
     return fixed, column | (fixed[:, None, :] & real[:, None, :])
 
 
+class _Given:
+    """A ``[batch, query, key]`` tensor of seen pairs, read as :class:`SeenPairs` is."""
+
+    def __init__(self, pairs: torch.Tensor) -> None:
+        self.pairs = pairs
+
+    def per_row(self) -> torch.Tensor:
+        return self.pairs.sum(-1)
+
+    def per_key(self) -> torch.Tensor:
+        return self.pairs.sum(1)
+
+    def columns(self, b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return self.pairs[b, :, k]
+
+
 def _sink_columns(sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(index, used)`` ``[batch, head, m]``: the key index of each head's sink keys, padded
-    to the most any head has (``used`` False on the padding)."""
-    order = torch.sort(sinks.to(torch.uint8), dim=-1, descending=True, stable=True)
-    width = max(int(sinks.sum(-1).max()), 1)
-    return order.indices[..., :width], order.values[..., :width].bool()
+    """``(index, used)`` ``[batch, head, m]``: the key index of each head's sink keys in
+    ascending order, padded to the most any head has (``used`` False on the padding)."""
+    count = sinks.sum(-1)  # [batch, head]
+    width = max(int(count.max()), 1)
+    b, h, k = sinks.nonzero(as_tuple=True)  # row-major: keys ascending within a head
+    slot = torch.arange(len(k), device=sinks.device) - \
+        (count.flatten().cumsum(0) - count.flatten())[b * sinks.shape[1] + h]
+    index = torch.zeros(*sinks.shape[:2], width, dtype=torch.long, device=sinks.device)
+    index[b, h, slot] = k
+    return index, torch.arange(width, device=sinks.device) < count[..., None]
 
 
 def aligned(block: RowBlock) -> bool:
@@ -140,8 +150,9 @@ class SinkView:
         sinks: ``[batch, head, key]`` every sink key of each head.
         index / used: ``[batch, head, m]`` the sink keys' indices, padded (``used`` False).
         on_sinks: ``[batch, head, query, m]`` the weights on them (0 on the padding).
-        seen: ``[batch, query, key]`` the pairs the block's rows may attend to
-            (:func:`pairs_seen`).
+        seen: the pairs the block's rows may attend to (a
+            :class:`~attnprobe.core.row_blocks.SeenPairs`, or a ``[batch, query, key]`` bool
+            tensor from :func:`pairs_seen`).
     """
 
     fixed: torch.Tensor
@@ -149,7 +160,7 @@ class SinkView:
     index: torch.Tensor
     used: torch.Tensor
     on_sinks: torch.Tensor
-    seen: torch.Tensor
+    seen: SeenPairs | torch.Tensor
 
     def is_sink(self, key: torch.Tensor) -> torch.Tensor:
         """``[batch, head, query]`` bool: whether each row's ``key`` index is a sink key of its
@@ -161,6 +172,15 @@ class SinkView:
         padded = torch.nn.functional.pad(self.sinks, (0, 1))  # index n_keys: no sink
         return torch.gather(padded, -1, key.clamp(max=n_keys))
 
+    def sinks_at(self, keys: torch.Tensor) -> torch.Tensor:
+        """``[batch, head, query, n]`` bool: whether the key indices ``keys`` (``[batch,
+        query, n]``, the same for every head) are sink keys of each head."""
+        n_heads, n_keys = self.sinks.shape[1], self.sinks.shape[-1]
+        batch, q_len, n = keys.shape
+        padded = torch.nn.functional.pad(self.sinks, (0, 1))  # index n_keys: no sink
+        index = keys.clamp(max=n_keys).reshape(batch, 1, q_len * n).expand(-1, n_heads, -1)
+        return torch.gather(padded, -1, index).view(batch, n_heads, q_len, n)
+
     def free_rows(self, a: torch.Tensor, real: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(rest, max, argmax)`` ``[batch, head, query]`` of each row over its real keys
@@ -171,10 +191,10 @@ class SinkView:
 
 
 def sink_view(block: RowBlock, a: torch.Tensor, start_ids: torch.Tensor | None,
-              rule: SinkRule) -> SinkView:
+              rule: SinkRule, seen: SeenPairs | torch.Tensor | None = None) -> SinkView:
     """Find the sink keys of a block (``a`` ``[batch, head, query, key]`` float) and the
-    weights on them (:class:`SinkView`)."""
-    seen = pairs_seen(block, a)
+    weights on them (:class:`SinkView`); ``seen``: the pairs its rows see, when known."""
+    seen = pairs_seen(block, a) if seen is None else seen
     fixed, sinks = sink_keys(block, a, seen, start_ids, rule)
     index, used = _sink_columns(sinks)
     n_batch, n_heads, q_len, _ = a.shape

@@ -7,13 +7,20 @@ one statistic at a time they would cost as much as the forward itself, so each s
 first use and kept: the row entropies and maxima, the weight at each relative offset, the
 mass on each token class, the sink keys and the sink-free mass and maximum. Full passes
 over the weights: the entropy, the maximum, the column sums (sink candidates), the sink-free
-rows, one per-offset sum over the batch, and the token-class masses. Token matches
-(duplicate, induction) are read at the matching pairs only, never through a ``[query, key,
-pattern]`` tensor.
+rows, one per-offset sum over the batch (or one gather of every offset near the diagonal),
+and the token-class masses (with the attention distance of a causal block of rows). Token
+matches (duplicate, induction) are read at the matching pairs only, never through a
+``[query, key, pattern]`` tensor. Which keys a row may see is the block's rule
+(:func:`attnprobe.core.row_blocks.key_rule`), read from positions, not from the weights.
+
+A block of a long causal input's rows holds only the keys up to its last row (the capture
+drops the keys no row of it may see): its statistics of keys after a row — later copies
+(``*_ahead``, weight 0 there) and positive offsets — count only what the block holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -21,6 +28,7 @@ import torch
 
 from attnprobe.core.divergence import entropy
 from attnprobe.core.reducers import RowBlock
+from attnprobe.core.row_blocks import KeyRule, SeenPairs, key_rule
 from attnprobe.heads.sinks import SinkRule, SinkView, aligned, sink_view
 
 __all__ = ["START_ROLES", "Tile", "TileSpec"]
@@ -78,6 +86,21 @@ class Tile:
         return self.block.real_keys().to(self.device)
 
     @cached_property
+    def rule(self) -> KeyRule:
+        """Which keys a valid row may see (:func:`~attnprobe.core.row_blocks.key_rule`)."""
+        return key_rule(self.block)
+
+    @cached_property
+    def seen(self) -> SeenPairs:
+        """The pairs the block's rows may attend to (counted from positions)."""
+        return SeenPairs(self.block, self.rule, self.a)
+
+    @cached_property
+    def visible(self) -> torch.Tensor:
+        """``[batch, query]`` float32: keys each row may attend to (at least 1)."""
+        return self.block.visible_keys().to(self.device, torch.float32)
+
+    @cached_property
     def aligned(self) -> bool:
         """Whether real tokens sit at their own index (offsets are diagonals)."""
         return aligned(self.block)
@@ -100,46 +123,90 @@ class Tile:
         index[b, block.key_pos[b, k]] = k
         return index.to(self.device)
 
-    def offset_key(self, offset: int) -> torch.Tensor:
-        """``[batch, query]``: the key index at ``query position + offset`` (``keys`` where
-        there is no such real key)."""
+    def offset_keys(self, offsets: Sequence[int]) -> torch.Tensor:
+        """``[batch, query, offsets]``: the key index at ``query position + offset`` for each
+        offset (``keys`` where there is no such real key), in one gather."""
         index = self.key_index
-        target = (self.block.query_pos.to(self.device) + offset).clamp(min=-1)
-        target = torch.where(target < 0, index.shape[1] - 1, target.clamp(max=index.shape[1] - 1))
-        return torch.gather(index, 1, target)
+        width = index.shape[1]
+        step = torch.as_tensor(list(offsets), dtype=torch.long, device=self.device)
+        target = self.block.query_pos.to(self.device)[:, :, None] + step
+        target = torch.where(target < 0, width - 1, target.clamp(max=width - 1))
+        return torch.gather(index, 1, target.flatten(1)).view(target.shape)
 
-    def at_offset(self, offset: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """``[batch, head, query]``: the weight each row gives the real key at ``offset``
-        (0 where there is none), of ``weights`` (default the tile's)."""
+    def offset_key(self, offset: int) -> torch.Tensor:
+        """``[batch, query]``: the key index at ``query position + offset``."""
+        return self.offset_keys((offset,))[..., 0]
+
+    def at_offsets(self, offsets: Sequence[int], weights: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """``[batch, head, query, offsets]``: the weight each row gives the real key at each
+        offset (0 where there is none), of ``weights`` (default the tile's), in one
+        gather."""
         w = self.a if weights is None else weights
         batch, n_heads, q_len, k_len = w.shape
-        if self.aligned:  # padding keys hold no weight: the diagonal needs no mask
-            diagonal = w.diagonal(offset, 2, 3)
-            start = max(0, -offset)
-            return torch.nn.functional.pad(diagonal, (start, q_len - diagonal.shape[-1] - start))
-        key = self.offset_key(offset)  # [batch, query]
+        key = self.offset_keys(offsets)  # [batch, query, offsets]
         found = key < k_len
-        index = key.clamp(max=k_len - 1)[:, None, :, None].expand(batch, n_heads, q_len, 1)
-        return torch.gather(w, -1, index)[..., 0] * found[:, None, :]
+        index = key.clamp(max=k_len - 1)[:, None].expand(batch, n_heads, q_len, key.shape[-1])
+        return torch.gather(w, -1, index) * found[:, None]
+
+    def at_offset(self, offset: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """``[batch, head, query]``: the weight each row gives the real key at ``offset``."""
+        return self.at_offsets((offset,), weights)[..., 0]
+
+    def row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
+        """``[head]`` float64 sums of ``per_row`` ``[batch, head, query]`` over the valid
+        rows."""
+        return torch.where(self.rows[:, None, :], per_row, 0.0).sum(dim=(0, 2),
+                                                                    dtype=torch.float64)
+
+    @staticmethod
+    def row_sums(per_row: Sequence[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
+        """``[n, head]`` float64 sums of ``n`` quantities ``[batch, head, query]`` over the
+        rows ``where`` marks (``[batch, head|1, query]`` bool), in one reduction (stacked
+        on a leading axis: contiguous copies)."""
+        stacked = torch.stack(list(per_row))
+        return torch.where(where, stacked, 0.0).sum(dim=(1, 3), dtype=torch.float64)
 
     # --------------------------------------------------------------- row passes
     @cached_property
     def entropy(self) -> torch.Tensor:
-        """``[batch, head, query]`` row entropies (nats)."""
-        return entropy(self.a)
+        """``[batch, head, query]`` row entropies (nats). Whole rows of an input (its
+        positions at their own index) take :func:`~attnprobe.core.divergence.entropy`, as
+        stored maps do; a block of a long input's rows the vectorised logarithm (``xlogy``'s
+        scalar loop would cost more than the attention itself; the two differ in the last
+        bit of some terms)."""
+        if self.aligned:
+            return entropy(self.a)
+        terms = self.a.clamp(min=torch.finfo(self.a.dtype).tiny)  # 0 ln 0 = 0
+        return -terms.log_().mul_(self.a).sum(-1)
 
     @cached_property
     def sinks(self) -> SinkView | None:
         """The sink keys of each head and the weights on them (None without a real pair)."""
-        if not bool((self.real[:, None, :] & self.rows[:, :, None]).any()):
+        if not bool((self.real.any(-1) & self.rows.any(-1)).any()):
             return None
-        return sink_view(self.block, self.a, self.spec.start_ids, self.spec.sinks)
+        return sink_view(self.block, self.a, self.spec.start_ids, self.spec.sinks, self.seen)
 
     @cached_property
     def top(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(max, argmax)`` ``[batch, head, query]`` of every row (the first of equal
         weights)."""
         return self.a.max(-1)
+
+    @cached_property
+    def top_offset(self) -> torch.Tensor:
+        """``[batch, head, query]``: key position minus query position of each row's
+        argmax."""
+        return self.offset_of(self.top[1])
+
+    def offset_of(self, key: torch.Tensor) -> torch.Tensor:
+        """``[batch, head, query]`` relative offset of the key index ``key`` of each row."""
+        if self.aligned:
+            return key - torch.arange(self.a.shape[2], device=self.device)
+        batch, n_heads, q_len = key.shape
+        key_pos = torch.gather(self.block.key_pos.to(self.device), 1, key.reshape(batch, -1))
+        return key_pos.view(batch, n_heads, q_len) - self.block.query_pos.to(
+            self.device)[:, None, :]
 
     @cached_property
     def free_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,26 +233,42 @@ class Tile:
         padded = torch.nn.functional.pad(keys, (0, 1))  # index ``keys``: no such key
         return torch.gather(padded, 1, self.offset_key(offset))
 
-    def mass_on_pairs(self, pairs: torch.Tensor) -> torch.Tensor:
-        """``[batch, head, query]``: each row's mass on the keys ``pairs`` (``[batch, query,
-        key]`` bool, sparse: a token's earlier copies) marks, read at those pairs only."""
-        b, q, k = pairs.nonzero(as_tuple=True)
+    def mass_on_pairs(self, pairs: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``[batch, head, query]``: each row's mass on the keys ``pairs`` marks — ``[batch,
+        query, key]`` bool, or its ``(batch, query, key)`` indices in that order — read at
+        those pairs only (sparse: a token's earlier copies)."""
+        b, q, k = pairs.nonzero(as_tuple=True) if isinstance(pairs, torch.Tensor) else pairs
         out = self.a.new_zeros(self.a.shape[0], self.a.shape[2], self.a.shape[1])
         out.index_put_((b, q), self.a[b, :, q, k], accumulate=True)
         return out.transpose(1, 2)
 
     @cached_property
+    def causal_distance(self) -> bool:
+        """Whether every key a row sees stands at or before it (causal rules), so the
+        attention distance is a product with the key positions (:attr:`class_masses`)."""
+        return not self.aligned and self.rule.kind in ("causal", "window")
+
+    @cached_property
     def class_masses(self) -> dict[str, torch.Tensor]:
         """``name -> [batch, head, query]`` mass on the real keys (``real``), the first token,
         each token class and the content keys (``content``: real and no special token; the
-        classes and content need key ids), in one batched product over the keys."""
+        classes and content need key ids), in one batched product over the keys; for a
+        causal block of rows also ``before``, ``Σ_j a_ij (p_0 - p_j)`` with ``p_0`` each
+        input's first row position (the distance is ``(p_i - p_0) real + before``, no
+        ``[query, key]`` offsets needed)."""
         block = self.block
-        features = {"real": self.real, "first": (block.key_pos.to(self.device) == 0) & self.real}
+        key_pos = block.key_pos.to(self.device)
+        features = {"real": self.real, "first": (key_pos == 0) & self.real}
         if block.key_ids is not None:
             k_ids = block.key_ids.to(self.device)
             for name, ids in self.spec.classes.items():
                 features[name] = torch.isin(k_ids, ids.to(self.device)) & self.real
             features["content"] = self.content
         stacked = torch.stack(list(features.values()), -1).to(self.a)  # [batch, key, f]
+        if self.causal_distance:
+            start = self.block.query_pos.to(self.device)[:, :1]
+            before = torch.where(self.real, start - key_pos, 0).to(self.a)
+            stacked = torch.cat([stacked, before[..., None]], -1)
+            features["before"] = self.real
         masses = torch.einsum("bhqk,bkf->bhqf", self.a, stacked)
         return {name: masses[..., i] for i, name in enumerate(features)}

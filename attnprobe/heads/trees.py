@@ -238,6 +238,14 @@ def read_conllu(source: str | Path) -> list[Tree]:
             non-integer ID or HEAD, IDs not ``1..n`` in order, a head out of range, a
             sentence with no root or several, or heads that form a cycle; the message names
             the sentence id and line number.
+
+    Example:
+        >>> mini = read_conllu("tests/data/mini.conllu")    # a path, or CoNLL-U text
+        >>> [(t.sentence_id, len(t)) for t in mini]  # "don't" is 2 words; node 5.1 skipped
+        [('s1', 7), ('s2', 9), ('3', 7)]
+        >>> first = mini[0]
+        >>> first.words[1], first.relations[1], first.words[first.heads[1] - 1]
+        ('cat', 'nsubj', 'chased')
     """
     text, name = _source_text(source)
     trees: list[Tree] = []
@@ -259,6 +267,13 @@ def write_conllu(trees: Iterable[Tree]) -> str:
 
     ``read_conllu(write_conllu(trees)) == trees``, except that line breaks inside a sentence
     id or text are written as spaces (a comment is one line).
+
+    Example:
+        >>> text = write_conllu(trees)
+        >>> text.splitlines()[3].split()                # ID FORM ... HEAD DEPREL ...
+        ['2', 'cat', '_', '_', '_', '_', '3', 'nsubj', '_', '_']
+        >>> read_conllu(text) == trees
+        True
     """
     out: list[str] = []
     for tree in trees:
@@ -325,6 +340,13 @@ def parse(texts: Sequence[str], nlp: Any = None, batch_size: int = 64) -> list[T
     Raises:
         InputError: ``texts`` is a string or holds a blank text (its index is named), or the
             pipeline has no dependency parser.
+
+    Example:
+        >>> parsed = parse(texts)                       # spaCy (the syntax extra)
+        >>> [t.sentence_id for t in parsed], parsed[0].words
+        (['1', '2'], ('The', 'cat', 'sat', 'on', 'the', 'mat', '.'))
+        >>> all("root" in t.relations for t in parsed)
+        True
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise InputError("texts must be a list of strings; wrap a single text in a list")

@@ -73,6 +73,16 @@ def to_words(pattern: torch.Tensor, token_word: torch.Tensor, n_words: int, *,
         Rows and columns of words with no token (e.g. past an example's last word) are 0.
         ``sum``/``mean``/``first`` are matrix products with pooling matrices; ``max`` builds
         a ``[..., q, token, word]`` intermediate, so it needs more memory on long inputs.
+
+    Example:
+        >>> token_word = torch.tensor([-1, 0, 1, 1, -1])    # [CLS] a mail ##man [SEP]
+        >>> uniform = torch.full((1, 1, 5, 5), 0.2)         # [layer, head, query, key]
+        >>> to_words(uniform, token_word, 2)    # to a word: summed; from a word: averaged
+        tensor([[[[0.2000, 0.4000],
+                  [0.2000, 0.4000]]]])
+        >>> words = torch.tensor(align_tokens(maps[1].query_tokens, trees[1].words))
+        >>> to_words(maps[1].pattern, words, len(trees[1])).shape   # [layer, head, word, word]
+        torch.Size([6, 12, 7, 7])
     """
     if to_agg not in TO_AGGS:
         raise InputError(one_of("to_agg", to_agg, TO_AGGS))
@@ -161,6 +171,13 @@ def align_tokens(tokens: Sequence[str], words: Sequence[str], *,
 
     Raises:
         InputError: the characters do not match, tokens are left over, or words are missing.
+
+    Example:
+        >>> align_tokens(["[CLS]", "the", "mail", "##man", ".", "[SEP]"],
+        ...              ["The", "mailman", "."])
+        [-1, 0, 1, 1, 2, -1]
+        >>> align_tokens(["Ġthe", "Ġmail", "man"], ["The", "mailman"])   # GPT-2's tokens
+        [0, 1, 1]
     """
     where = f"sentence {sentence_id}" if sentence_id else "sentence"
     targets = [normalise(w) for w in words]

@@ -15,6 +15,7 @@ import torch
 import attnprobe as ap
 from attnprobe.capture import attend, hf, parts
 from attnprobe.errors import InputError
+from attnprobe.heads.census_tap import CensusTap
 from attnprobe.heads.retrieval import copy_accuracy, retrieval_scores
 from attnprobe.models.induction import N_SYMBOLS, repeated_segments
 from attnprobe.models.tokenizer import WordTokenizer
@@ -210,22 +211,28 @@ def _random_text(tok: WordTokenizer, n_words: int, seed: int = 0) -> str:
 
 @pytest.fixture
 def spied_blocks(monkeypatch):
-    """Shapes ``[batch, head, rows, key]`` of every block the Reduce part receives, and of
-    every mask the attention function receives."""
+    """``(first row, rows, first key, keys)`` of every block the streaming parts (Reduce, the
+    census's tap) receive, and the shape of every mask the attention function receives."""
     blocks, masks = [], []
-    on_rows = parts.Reduce.on_rows
 
-    def record(self, recorder, rows):
-        blocks.append(tuple(rows.pattern.shape))
-        return on_rows(self, recorder, rows)
+    def spy(cls):
+        on_rows = cls.on_rows
 
+        def record(self, recorder, rows):
+            shape = rows.pattern.shape
+            blocks.append((rows.q_start, shape[2], rows.k_start, shape[3]))
+            return on_rows(self, recorder, rows)
+
+        monkeypatch.setattr(cls, "on_rows", record)
+
+    spy(parts.Reduce)
+    spy(CensusTap)
     attention = hf.attnprobe_attention
 
     def record_mask(module, query, key, value, attention_mask, **kwargs):
         masks.append(None if attention_mask is None else tuple(attention_mask.shape))
         return attention(module, query, key, value, attention_mask, **kwargs)
 
-    monkeypatch.setattr(parts.Reduce, "on_rows", record)
     monkeypatch.setattr(hf, "attnprobe_attention", record_mask)
     return blocks, masks
 
@@ -241,15 +248,30 @@ def test_census_streams_a_long_context_in_row_blocks(spied_blocks, monkeypatch):
     text = _random_text(tok, n - 1)  # + [BOS]
     rows = 32
     monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * rows)  # heads x keys x float32 x rows
-    streamed = ap.heads.census(model, tok, [text], similarity=False, repeated=False)
-    assert blocks and all(shape[2] <= rows < n and shape[3] == n for shape in blocks)
-    assert sum(shape[2] for shape in blocks) == 2 * n  # every row of both layers, once
+    streamed = ap.heads.census(model, tok, [text], repeated=False)  # distances: sampled rows
+    # a causal block holds only the keys up to its last row, so early blocks take more rows,
+    # never more weights than the budget
+    assert blocks and all(q_block < n and k_start == 0 and k_block == start + q_block
+                          and q_block * k_block <= rows * n
+                          for start, q_block, k_start, k_block in blocks)
+    assert sum(q_block for _, q_block, _, _ in blocks) == 2 * n  # every row of both layers
+    assert max(q_block for _, q_block, _, _ in blocks) > rows
     assert all(mask is None or mask[-1] * mask[-2] < n * n for mask in masks)
-    whole = ap.heads.census(model, tok, [text], similarity=True, repeated=False)  # whole rows
+    monkeypatch.undo()
+    whole = ap.heads.census(model, tok, [text], repeated=False)  # whole rows
     a, b = _numeric(streamed.scores()), _numeric(whole.scores())
     assert list(a.columns) == list(b.columns)
+    # a block holds no key after its last row: later copies (weight 0 in a causal model)
+    # count only inside it, so the *_ahead scores are 0 over fewer rows
+    ahead = [c for c in a.columns if c.endswith("_ahead_rows")]
+    assert (a[ahead] <= b[ahead]).all().all() and (a[ahead] > 0).all().all()
+    assert (a[[c[:-5] for c in ahead]] == 0).all().all()
+    a, b = a.drop(columns=ahead), b.drop(columns=ahead)
     assert torch.allclose(torch.tensor(a.values), torch.tensor(b.values), atol=1e-5,
                           equal_nan=True)
+    js_streamed, js_whole = streamed.distances()["js"], whole.distances()["js"]
+    assert torch.allclose(torch.tensor(js_streamed.values), torch.tensor(js_whole.values),
+                          atol=1e-6)
 
 
 def test_census_pools_offsets_beyond_max_offset_into_far(monkeypatch):
@@ -262,8 +284,11 @@ def test_census_pools_offsets_beyond_max_offset_into_far(monkeypatch):
                             max_offset=None)
     keys = ["layer", "head", "offset"]
     near, full = pooled.offsets(), every.offsets()
-    assert sorted(full["offset"].unique()) == list(range(-(n - 1), n))
-    assert sorted(near["offset"].unique()) == list(range(-64, 65))
+    # the keys after a block's last row are not in it (no row may see them): positive
+    # offsets only as far as a block reaches, with no mass
+    assert sorted(full["offset"].unique())[:n] == list(range(-(n - 1), 1))
+    assert (full.loc[full["offset"] > 0, "mass"] == 0).all()
+    assert sorted(near["offset"].unique())[:65] == list(range(-64, 1))
     inside = full[full["offset"].abs() <= 64].merge(near, on=keys, suffixes=("", "_pooled"))
     assert len(inside) == len(near)
     for column in ("mass", "argmax_share"):
@@ -286,10 +311,11 @@ def test_retrieval_streams_and_equals_whole_rows(spied_blocks, monkeypatch):
     half = _random_text(tok, n // 2, seed=3)
     texts = [half + " " + half]  # [BOS], then the second half copies the first
     whole = retrieval_scores(model, tok, texts, copied_only=True)
-    assert max(shape[2] for shape in blocks) == n  # 16 MiB hold every row of this input
+    assert max(block[1] for block in blocks) == n  # 8 MiB hold every row of this input
     blocks.clear()
     monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * 8)
     streamed = retrieval_scores(model, tok, texts, copied_only=True)
-    assert max(shape[2] for shape in blocks) == 8
+    assert max(q_block * k_block for _, q_block, _, k_block in blocks) <= 8 * n
+    assert len(blocks) > 2  # rows streamed in blocks, each with the keys up to its last row
     assert streamed.equals(whole)
     assert (whole["copy_steps"] > 100).all()

@@ -34,8 +34,9 @@ class Classes(Stat):
     def __call__(self, tile: Tile) -> dict[str, Sums]:
         tile.block.require_ids("token-class")
         masses = tile.class_masses
-        return {name: tile.block.masked_row_sum(masses[name])
-                for name in ("first", *tile.spec.classes)}
+        names = ("first", *tile.spec.classes)
+        sums = tile.row_sums([masses[name] for name in names], tile.rows[:, None, :])
+        return dict(zip(names, sums, strict=True))
 
 
 STATS.register("classes")(Classes())

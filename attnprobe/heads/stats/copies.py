@@ -51,30 +51,58 @@ class Copies(Stat):
         q_ids, k_ids = (ids.to(tile.device) for ids in block.require_ids(
             "duplicate/induction"))
         content = tile.content  # [batch, key]
-        rel = tile.rel
-        same = (q_ids[:, :, None] == k_ids[:, None, :]) & content[:, None, :]
-        follows = (q_ids[:, :, None] == previous_ids(k_ids, block.key_pos.to(tile.device))[
-            :, None, :]) & content[:, None, :]
-        earlier, later = rel < 0, rel > 0
+        content_row = tile.rows & ~torch.isin(q_ids, tile.spec.special.to(tile.device))
+        rows = torch.where(content_row, q_ids, -2)  # -2 matches no key
+        key_pos = block.key_pos.to(tile.device)
+        query_pos = block.query_pos.to(tile.device)
         prev_present = tile.key_at(content, -1)  # [batch, query]
         hits = {  # name -> ([batch, head, query] mass, [batch, query] pattern present)
             "prev": (tile.at_offset(-1) * prev_present[:, None, :], prev_present)}
-        for name, pairs in (("duplicate", same & earlier),
-                            ("induction", follows & earlier & (rel != -1)),
-                            ("duplicate_ahead", same & later),
-                            ("induction_ahead", follows & later & (rel != 1))):
-            hits[name] = (tile.mass_on_pairs(pairs), pairs.any(-1))
+        for kind, keys in (("duplicate", torch.where(content, k_ids, -1)),
+                           ("induction", torch.where(content, previous_ids(k_ids, key_pos), -1))):
+            b, q, k = matching_pairs(rows, keys)
+            rel = key_pos[b, k] - query_pos[b, q]
+            step = -1 if kind == "induction" else 0  # the previous / next token is no copy
+            for name, keep in ((kind, (rel < 0) & (rel != step)),
+                               (f"{kind}_ahead", (rel > 0) & (rel != -step))):
+                pairs = (b[keep], q[keep], k[keep])
+                present = torch.zeros_like(content_row)
+                present[pairs[0], pairs[1]] = True
+                hits[name] = (tile.mass_on_pairs(pairs), present)
+        hits = {name: hits[name] for name in ("prev", *COPIES)}
         base = tile.class_masses["content"]  # [batch, head, query]
-        content_row = tile.rows & ~torch.isin(q_ids, tile.spec.special.to(tile.device))
         has_base = base > 0
         safe = base.clamp(min=1e-30)
-        out: dict[str, Sums] = {}
-        for name, (mass, present) in hits.items():
-            counted = (content_row & present)[:, None, :] & has_base
-            sums = torch.where(counted, mass / safe, 0.0).sum(dim=(0, 2), dtype=torch.float64)
-            counts = counted.sum(dim=(0, 2)).to(torch.float64)
-            out[tile.spec.prefix + name] = (sums, counts)
-        return out
+        counted = torch.stack([(content_row & present)[:, None, :] & has_base
+                               for _, present in hits.values()])  # [name, batch, head, query]
+        sums = tile.row_sums([mass / safe for mass, _ in hits.values()], counted)
+        counts = counted.sum(dim=(1, 3), dtype=torch.float64)
+        return {tile.spec.prefix + name: (sums[i], counts[i]) for i, name in enumerate(hits)}
+
+
+def matching_pairs(query: torch.Tensor, key: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(batch, query, key)`` indices of the pairs with ``query[b, q] == key[b, k]``
+    (``[batch, query]`` / ``[batch, key]`` codes; negative codes match nothing), in
+    row-major order: keys sorted once, each query's matches found by binary search —
+    ``O((query + key) log key + pairs)``, never a ``[query, key]`` comparison."""
+    n_batch, n_keys = key.shape
+    n_queries = query.shape[1]
+    top = int(max(int(query.max()), int(key.max()), 0)) + 1  # codes per batch row
+    row = torch.arange(n_batch, device=key.device)[:, None]
+    codes = torch.where(key >= 0, key + row * top, -1).flatten()
+    wanted = torch.where(query >= 0, query + row * top, -2).flatten()
+    # only the keys some query matches are sorted (a long block: few rows, many keys)
+    candidates = torch.isin(codes, wanted).nonzero()[:, 0]
+    order = candidates[torch.argsort(codes[candidates], stable=True)]  # key order kept
+    ranked = codes[order]
+    lo = torch.searchsorted(ranked, wanted)
+    count = torch.searchsorted(ranked, wanted, right=True) - lo
+    which = torch.repeat_interleave(torch.arange(len(wanted), device=key.device), count)
+    within = torch.arange(len(which), device=key.device) - \
+        torch.repeat_interleave(count.cumsum(0) - count, count)
+    found = order[lo[which] + within]  # flat key index
+    return which // n_queries, which % n_queries, found % n_keys
 
 
 def _rows(means: Means) -> dict[str, np.ndarray] | None:

@@ -4,6 +4,7 @@ positional heads). Offsets beyond ±``max_offset`` share one ``far`` bin."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -46,23 +47,26 @@ def _by_diagonals(tile: Tile) -> tuple[int, torch.Tensor, torch.Tensor]:
     return -(n - 1), skewed.sum(1), distance
 
 
-def _by_gathers(tile: Tile, near: range) -> tuple[dict[int, torch.Tensor], torch.Tensor,
-                                                torch.Tensor]:
+def _by_gathers(tile: Tile, near: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same for any positions (left padding, a block of rows of a long input, a KV
-    cache, cross-attention): the weight at each offset of ``near`` read by index (``[batch,
-    head, query]`` each) and what the rows give every other offset (their real mass less
-    those); distances in one product with ``|offset|``. Returns ``offset -> [head]`` masses,
-    the ``[head]`` mass beyond ``near`` and ``[head]`` distance sums (float64)."""
-    rows = tile.rows[:, None, :]
-
-    def summed(x: torch.Tensor) -> torch.Tensor:
-        return torch.where(rows, x, 0.0).sum(dim=(0, 2), dtype=torch.float64)
-
-    columns = {d: tile.at_offset(d) for d in near}
-    beyond = tile.row_mass - torch.stack(list(columns.values()), -1).sum(-1)
-    weights = tile.a * tile.real[:, None, None, :]
-    per_row = torch.einsum("bhqk,bqk->bhq", weights, tile.rel.abs().to(tile.a))
-    return {d: summed(x) for d, x in columns.items()}, summed(beyond), summed(per_row)
+    cache, cross-attention): the weight at every offset of ``near`` read in one gather
+    (``[batch, head, query, offsets]``) and what the rows give every other offset (their real
+    mass less those); distances from the key positions in a causal block (one product over
+    the keys, shared with the token classes), else in one product with ``|offset|``. Returns
+    ``[head, offsets]`` masses, the ``[head]`` mass beyond ``near`` and ``[head]`` distance
+    sums (float64)."""
+    rows = tile.rows[:, None, :, None]
+    columns = tile.at_offsets(near)  # [batch, head, query, offsets]
+    beyond = tile.row_mass - columns.sum(-1)
+    by_offset = torch.where(rows, columns, 0.0).sum(dim=(0, 2), dtype=torch.float64)
+    if tile.causal_distance:  # Σ_j a_ij (p_i - p_j) = (p_i - p_0) Σ_j a_ij + Σ_j a_ij (p_0 - p_j)
+        start = tile.block.query_pos.to(tile.device)[:, :1]
+        ahead = (tile.block.query_pos.to(tile.device) - start).to(tile.a)[:, None, :]
+        per_row = ahead * tile.row_mass + tile.class_masses["before"]
+    else:
+        weights = tile.a * tile.real[:, None, None, :]
+        per_row = torch.einsum("bhqk,bqk->bhq", weights, tile.rel.abs().to(tile.a))
+    return by_offset, tile.row_sum(beyond), tile.row_sum(per_row)
 
 
 def offset_label(offset: int, limit: int | None) -> str:
@@ -90,37 +94,42 @@ class Offsets(Stat):
         limit = tile.spec.max_offset
         # one bin per offset seen; with a limit, offsets beyond it share the end bins (far)
         bounds = span if limit is None else (max(span[0], -limit - 1), min(span[1], limit + 1))
-        top_key = tile.top[1]
-        masses: dict[str, torch.Tensor] = {}  # label -> [head]
+        names, of_bin = _bins(*bounds, limit)
+        n_labels = len(names) // 2
         if tile.aligned:
-            lo, mass, distance = _by_diagonals(tile)
-            for b in range(mass.shape[1]):
-                label = offset_label(min(max(lo + b, bounds[0]), bounds[1]), limit)
-                masses[label] = masses[label] + mass[:, b] if label in masses else mass[:, b]
-            top = top_key - torch.arange(tile.a.shape[2], device=tile.device)
+            lo, mass, distance = _by_diagonals(tile)  # mass [head, diagonal], lo..
+            diagonal = torch.arange(lo, lo + mass.shape[1]).clamp(*bounds) - bounds[0]
+            masses = mass.new_zeros(mass.shape[0], n_labels).index_add_(
+                1, of_bin[diagonal], mass)
         else:
             near = range(span[0], span[1] + 1) if limit is None else \
                 range(max(span[0], -limit), min(span[1], limit) + 1)
-            by_offset, beyond, distance = _by_gathers(tile, near)
-            masses = {offset_label(d, limit): m for d, m in by_offset.items()}
+            by_offset, beyond, distance = _by_gathers(tile, near)  # [head, offsets]
+            masses = by_offset.new_zeros(by_offset.shape[0], n_labels)
+            masses[:, of_bin[near.start - bounds[0]:near.stop - bounds[0]]] = by_offset
             if bounds != span:
-                masses["far"] = beyond
-            top = torch.gather(tile.rel[:, None].expand_as(tile.a), -1, top_key[..., None])[
-                ..., 0]
-        top = top.clamp(*bounds) - bounds[0]
-        n_heads, n_bins = top.shape[1], bounds[1] - bounds[0] + 1
+                masses[:, of_bin[0] if span[0] < bounds[0] else of_bin[-1]] = beyond
+        top = tile.top_offset.clamp(*bounds) - bounds[0]
+        n_heads = top.shape[1]
         heads = torch.arange(n_heads, device=tile.device)[None, :, None]
         valid = tile.rows[:, None, :].expand_as(top)
-        shares = torch.bincount((top + n_bins * heads)[valid], minlength=n_heads * n_bins)
-        shares = shares.view(n_heads, n_bins).to(torch.float64)
+        shares = torch.bincount((of_bin.to(tile.device)[top] + n_labels * heads)[valid],
+                                minlength=n_heads * n_labels)
+        shares = shares.view(n_heads, n_labels).to(torch.float64)
         out: dict[str, Sums] = {"distance": distance}
-        for b in range(n_bins):  # in offset order: offset@ then argmax@ of each bin
-            label = offset_label(bounds[0] + b, limit)
-            if f"offset@{label}" not in out:
-                out[f"offset@{label}"] = masses[label]
-            name = f"argmax@{label}"
-            out[name] = out[name] + shares[:, b] if name in out else shares[:, b]
+        pairs = torch.stack([masses, shares.to(masses.device)], -1).flatten(1)  # offset@, argmax@
+        out.update(zip(names, pairs.unbind(1), strict=True))
         return out
+
+
+@lru_cache(maxsize=1024)
+def _bins(lo: int, hi: int, limit: int | None) -> tuple[tuple[str, ...], torch.Tensor]:
+    """The statistics of the offset bins ``lo..hi`` (``offset@<label>``, ``argmax@<label>``
+    of each label in offset order; ``far`` once) and each bin's label index."""
+    labels = [offset_label(d, limit) for d in range(lo, hi + 1)]
+    unique = list(dict.fromkeys(labels))
+    names = tuple(f"{what}@{label}" for label in unique for what in ("offset", "argmax"))
+    return names, torch.tensor([unique.index(label) for label in labels])
 
 
 def argmax_shares(means: Means, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:

@@ -24,19 +24,19 @@ class Rows(Stat):
     )
 
     def __call__(self, tile: Tile) -> dict[str, Sums]:
-        block, h = tile.block, tile.entropy
-        visible = block.visible_keys().to(tile.device, torch.float32)[:, None, :]
-        several = (visible > 1) & tile.rows[:, None, :]
-        normed = torch.where(several, h / visible.clamp(min=2).log(), 0.0)
+        h, visible, rows = tile.entropy, tile.visible, tile.rows
+        several = (visible > 1) & rows  # [batch, query]: the same rows for every head
+        normed = torch.where(several[:, None, :], h / visible.clamp(min=2).log()[:, None, :],
+                             0.0)
         n_heads = tile.a.shape[1]
+        chance = torch.where(rows, 1 / visible, 0.0).sum(dtype=torch.float64)
         return {
-            "entropy": block.masked_row_sum(h),
+            "entropy": tile.row_sum(h),
             "entropy_norm": (normed.sum(dim=(0, 2), dtype=torch.float64),
-                             several.sum(dim=(0, 2)).to(torch.float64).expand(n_heads)),
-            "chance_weight": block.masked_row_sum((1 / visible).expand_as(h)),
-            "max_weight": block.masked_row_sum(tile.top[0]),
+                             several.sum().to(torch.float64).expand(n_heads)),
+            "chance_weight": chance.expand(n_heads),
+            "max_weight": tile.row_sum(tile.top[0]),
         }
-
 
 STATS.register("rows")(Rows())
 register_means("entropy", ("entropy", "entropy_norm"), "row entropy in nats, and divided by "

@@ -16,6 +16,7 @@ import torch
 
 from attnprobe.core.divergence import entropy
 from attnprobe.core.reducers import NAMED_OFFSETS, Sums
+from attnprobe.heads.sinks import SinkView
 from attnprobe.heads.stats.base import SCORES, STATS, Column, Means, Score, Stat
 from attnprobe.heads.stats.offsets import argmax_shares
 from attnprobe.heads.tile import Tile
@@ -83,52 +84,50 @@ class Sinks(Stat):
         # sink keys' terms
         weighted_entropy = tile.entropy - entropy(view.on_sinks) + torch.special.xlogy(rest,
                                                                                        rest)
-        seen = view.seen  # [batch, query, key]
-        sinks_seen = torch.gather(seen[:, None].expand(-1, n_heads, -1, -1), -1,
-                                  view.index[:, :, None, :].expand(-1, -1, seen.shape[1], -1))
-        m = (seen.sum(-1)[:, None, :] - (sinks_seen & view.used[:, :, None, :]).sum(-1)).to(a)
+        m = (tile.seen.per_row()[:, None, :] - _sinks_seen(tile, view)).to(a)
         rows = tile.rows[:, None, :]
         valid = rows & (rest > 0)
         several = valid & (m >= 2)
         log_m = torch.where(several, m, 2.0).log()
 
-        plain = torch.stack([sink, (sink > tile.spec.sinks.epsilon).to(a), column, rest], -1)
-        plain = torch.where(rows[..., None], plain.to(torch.float64), 0.0).sum(dim=(0, 2))
-        at_offset = [tile.at_offset(d) * ~view.is_sink(tile.offset_key(d)
-                                                        if not tile.aligned else
-                                                        _diagonal_key(tile, d))
-                     for d in NAMED_OFFSETS]
-        weighted = torch.stack([free_weight, rest / m.clamp(min=1), *at_offset, rest], -1)
-        weighted = torch.where(valid[..., None], weighted, 0.0).sum(dim=(0, 2),
-                                                                    dtype=torch.float64)
-        mass = weighted[:, -1]  # Σ r_i over the rows with mass left
-        several_sums = torch.stack([weighted_entropy / log_m, rest], -1)
-        several_sums = torch.where(several[..., None], several_sums, 0.0).sum(
-            dim=(0, 2), dtype=torch.float64)
-        out: dict[str, Sums] = {name: plain[:, i] for i, name in
+        plain = tile.row_sums([sink, (sink > tile.spec.sinks.epsilon).to(a), column, rest],
+                              rows)
+        keys = tile.offset_keys(tuple(NAMED_OFFSETS))  # [batch, query, 3]
+        near = tile.at_offsets(tuple(NAMED_OFFSETS)) * ~view.sinks_at(keys)
+        weighted = tile.row_sums([free_weight, rest / m.clamp(min=1), *near.unbind(-1), rest],
+                                 valid)
+        mass = weighted[-1]  # Σ r_i over the rows with mass left
+        several_sums = tile.row_sums([weighted_entropy / log_m, rest], several)
+        out: dict[str, Sums] = {name: plain[i] for i, name in
                                 enumerate(("sink", "sink_rate", "column_sink", "rest"))}
-        out["max_weight_nosink"] = (weighted[:, 0], mass)
-        out["chance_weight_nosink"] = (weighted[:, 1], mass)
-        out["entropy_norm_nosink"] = (several_sums[:, 0], several_sums[:, 1])
+        out["max_weight_nosink"] = (weighted[0], mass)
+        out["chance_weight_nosink"] = (weighted[1], mass)
+        out["entropy_norm_nosink"] = (several_sums[0], several_sums[1])
         for i, name in enumerate(NAMED_OFFSETS.values()):
-            out[f"{name}_nosink"] = (weighted[:, 2 + i], mass)
-        if tile.aligned:
-            offsets = free_key - torch.arange(a.shape[2], device=a.device)
-        else:
-            offsets = torch.gather(tile.rel[:, None].expand_as(a), -1, free_key[..., None])[
-                ..., 0]
-        out.update(_argmax_bins(offsets, torch.where(valid, rest, 0.0), n_heads,
-                                tile.spec.max_offset))
+            out[f"{name}_nosink"] = (weighted[2 + i], mass)
+        out.update(_argmax_bins(tile.offset_of(free_key), torch.where(valid, rest, 0.0),
+                                n_heads, tile.spec.max_offset))
         return out
 
 
-def _diagonal_key(tile: Tile, offset: int) -> torch.Tensor:
-    """``[batch, query]``: the key index ``query + offset`` of an aligned tile (the number of
-    keys where it falls outside)."""
-    q_len, k_len = tile.a.shape[2], tile.a.shape[3]
-    key = torch.arange(q_len, device=tile.device) + offset
-    key = torch.where((key >= 0) & (key < k_len), key, k_len)
-    return key[None, :].expand(tile.a.shape[0], -1)
+def _sinks_seen(tile: Tile, view: SinkView) -> torch.Tensor:
+    """``[batch, head, query]``: how many of its head's sink keys each row may see."""
+    used = view.used  # [batch, head, m]
+    if tile.rule.kind == "all":  # every real key: the same for each valid row
+        return (used.sum(-1)[:, :, None] * tile.rows[:, None, :]).to(torch.long)
+    if tile.rule.kind in ("causal", "window"):  # by position: keys at or before the row
+        key_pos = torch.gather(tile.block.key_pos.to(tile.device), 1,
+                               view.index.flatten(1)).view(view.index.shape)
+        ahead = key_pos[:, :, None, :] - tile.block.query_pos.to(tile.device)[:, None, :, None]
+        seen = ahead <= 0
+        if tile.rule.kind == "window":
+            seen = seen & (ahead > -tile.rule.window)
+        return (seen & used[:, :, None, :] & tile.rows[:, None, :, None]).sum(-1)
+    seen = tile.seen.pairs  # [batch, query, key]
+    n_heads = used.shape[1]
+    sinks_seen = torch.gather(seen[:, None].expand(-1, n_heads, -1, -1), -1,
+                              view.index[:, :, None, :].expand(-1, -1, seen.shape[1], -1))
+    return (sinks_seen & used[:, :, None, :]).sum(-1)
 
 
 NOSINK_SCORES = ("prev", "self", "next", "max_weight", "chance_weight", "entropy_norm")

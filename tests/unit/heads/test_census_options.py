@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from attnprobe.errors import InputError
-from attnprobe.heads import census
+from attnprobe.heads import CensusOptions, census
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert
 
 TEXTS = ["the cat sat on a mat", "a big dog ran", "the red cat ran on the mat",
@@ -86,3 +86,19 @@ def test_a_sentence_pair_with_an_empty_half_is_refused(bert):
     model, tok = bert
     with pytest.raises(InputError, match=r"text 1 is a sentence pair .* with an empty half"):
         census(model, tok, [TEXTS[0], "the cat\t  "], repeated=False)
+
+
+def test_the_options_object_and_the_keywords_give_the_same_census(bert):
+    model, tok = bert
+    options = CensusOptions(similarity_rows=4, repeated=False, max_offset=2, window=2)
+    by_object = census(model, tok, TEXTS, options=options)
+    by_keywords = census(model, tok, TEXTS, similarity_rows=4, repeated=False, max_offset=2,
+                         window=2)
+    pd.testing.assert_frame_equal(by_object.scores(), by_keywords.scores())
+    pd.testing.assert_frame_equal(by_object.distances(), by_keywords.distances())
+    both = census(model, tok, TEXTS, options=options, similarity=False)  # keywords replace
+    assert both.part.distances is None and "offset-2" in both.scores()
+    with pytest.raises(InputError, match=r"unknown option.*simlarity"):
+        census(model, tok, TEXTS, simlarity=False)
+    with pytest.raises(InputError, match="probe_length needs the repeated-token probe"):
+        CensusOptions(repeated=False, probe_length=4)

@@ -1,3 +1,4 @@
+import inspect
 import math
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import torch
 
 from attnprobe import AttentionMap, InputError, ModelInfo
 from attnprobe.heads.dependencies import (
+    MIN_COUNT,
     PER_HEAD_COLUMNS,
     TABLE_COLUMNS,
     SyntaxCounts,
@@ -53,7 +55,7 @@ def rows(frame, direction=None):
 
 def test_exact_parent_map_scores_one_on_every_relation():
     counts = score(parent_map(T5), T5)
-    table = counts.table()
+    table = counts.table(1)
     assert tuple(table.columns) == TABLE_COLUMNS
     assert set(table.relation) == {"all", "det", "amod", "nsubj", "obj"}  # root is skipped
     assert (table.accuracy == 1.0).all()
@@ -62,8 +64,30 @@ def test_exact_parent_map_scores_one_on_every_relation():
     assert (table.head_id == "L0H0").all()
 
 
+def test_tables_list_relations_of_min_count_words_by_default():
+    """One default with the census (MIN_COUNT words, as the labels need): a relation seen on
+    fewer words is left out of every table unless min_count says otherwise."""
+    from attnprobe.heads.census_options import CensusOptions
+    from attnprobe.heads.head_census import Census, census
+
+    rare = Tree("rare", ("a", "b"), (2, 0), ("dep", "root"))
+    counts = sum([score(parent_map(T5), T5)] * MIN_COUNT) + score(parent_map(rare), rare)
+    common = {"det", "amod", "nsubj", "obj"}  # MIN_COUNT words each; "dep" has 1
+    assert set(counts.table().relation) == {"all", *common}
+    assert set(counts.head_table().relation) == {"all", *common}
+    assert set(counts.table(1).relation) == set(counts.head_table(1).relation) == \
+        {"all", "dep", *common}
+    assert counts.per_head().syntax_count.tolist() == [MIN_COUNT]
+    amap = AttentionMap(parent_map(rare)[None, None], ("a", "b"), ("a", "b"), (0,), INFO)
+    assert syntax([amap], [rare]).relation.tolist() == ["all"]
+    assert syntax([amap], [rare], min_count=1).relation.tolist() == ["all", "dep"]
+    assert MIN_COUNT == 20 and Census.min_count == MIN_COUNT
+    assert CensusOptions().min_count == MIN_COUNT  # census(..., min_count=) is its shim
+    assert "options" in inspect.signature(census).parameters
+
+
 def test_transposed_parent_map_scores_one_in_head_to_dep():
-    long = score(parent_map(T5).T.contiguous(), T5).head_table()
+    long = score(parent_map(T5).T.contiguous(), T5).head_table(1)
     assert (long[long.direction == "head->dep"].accuracy == 1.0).all()
 
 
@@ -72,7 +96,7 @@ def test_head_attending_to_one_dependent_is_right_only_for_that_dependent():
     # head->dep: big and mice are found; The and cat are attended by nobody (argmax lands
     # on the first other word: big for The, The for cat), so they are wrong.
     m = one_hot_rows(5, [0, 1, 1, 4, 4])
-    by_rel = rows(score(m, T5).head_table(), "head->dep")
+    by_rel = rows(score(m, T5).head_table(1), "head->dep")
     assert {r: by_rel[r].accuracy for r in by_rel} == {
         "all": 0.5, "det": 0.0, "amod": 1.0, "nsubj": 0.0, "obj": 1.0}
 
@@ -85,7 +109,7 @@ def test_baseline_counted_by_hand():
                 "obj": [0, 0, 1, 0, 0, 0]}
     for relation, hits in expected.items():
         assert counts.baseline[(GROUP, relation)].tolist() == hits, relation
-    table = rows(counts.table())
+    table = rows(counts.table(1))
     assert (table["all"].baseline, table["all"].baseline_offset) == (0.5, 1)
     assert (table["det"].baseline, table["det"].baseline_offset) == (1.0, 2)
     assert (table["obj"].baseline, table["obj"].baseline_offset) == (1.0, -1)
@@ -95,13 +119,13 @@ def test_baseline_counted_by_hand():
 def test_next_word_map_equals_the_plus_one_baseline():
     m = one_hot_rows(5, [1, 2, 3, 4, 4])  # the last word attends to itself
     counts = score(m, T5)
-    by_rel = rows(counts.head_table(), "dep->head")
+    by_rel = rows(counts.head_table(1), "dep->head")
     plus_one = counts.offsets.index(1)
     for relation, row in by_rel.items():
         hits = int(counts.baseline[(GROUP, relation)][plus_one])
         assert row.accuracy == hits / row.count, relation
     assert by_rel["all"].accuracy == 0.5
-    best = rows(counts.table())["all"]
+    best = rows(counts.table(1))["all"]
     assert best.margin == 0.0 and best.baseline_offset == 1
 
 
@@ -163,9 +187,9 @@ def test_merging_two_halves_equals_scoring_the_whole():
         assert merged.words == whole.words
         assert all(torch.equal(merged.correct[k], v) for k, v in whole.correct.items())
         assert all(torch.equal(merged.baseline[k], v) for k, v in whole.baseline.items())
-        pd.testing.assert_frame_equal(merged.table(), whole.table())
+        pd.testing.assert_frame_equal(merged.table(1), whole.table(1))
         pd.testing.assert_frame_equal(merged.per_head(1), whole.per_head(1))
-    assert whole.table().head_id.str.fullmatch(r"L[45]H[012]").all()
+    assert whole.table(1).head_id.str.fullmatch(r"L[45]H[012]").all()
 
 
 def test_padding_in_a_batch_changes_nothing():
@@ -175,7 +199,7 @@ def test_padding_in_a_batch_changes_nothing():
     batched = score_batch(pattern, mask, trees, **kw)
     single = sum(score_batch(pattern[b:b + 1, ..., :len(t), :len(t)], mask[b:b + 1, :len(t)],
                              [t], **kw) for b, t in enumerate(trees))
-    pd.testing.assert_frame_equal(batched.head_table(), single.head_table())
+    pd.testing.assert_frame_equal(batched.head_table(1), single.head_table(1))
 
 
 def test_merging_rejects_different_grids_and_offsets():
