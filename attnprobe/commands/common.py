@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ import pandas as pd
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text, TokenIds
 from attnprobe.core.distributed import start_group, torchrun_env
 from attnprobe.core.files import atomic_write, check_outputs
+from attnprobe.core.options import CliOption
+from attnprobe.core.registry import Registry
 from attnprobe.core.scope import SCOPE_FORMS, Scope
 from attnprobe.errors import AttnProbeError, InputError, OutputError
 
@@ -86,6 +88,34 @@ def ids_of(line: str, where: str = "--ids") -> TokenIds:
     return TokenIds(tuple(int(p) for p in parts))
 
 
+def positions_type(flag: str) -> Callable[[str], str | list[int]]:
+    """An argparse type for a positions flag (``flag``, for its message): ``last``, ``all``
+    or comma-separated integers."""
+    def value(text: str) -> str | list[int]:
+        text = text.strip()
+        if text in ("last", "all"):
+            return text
+        try:
+            return [int(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be 'last', 'all' or integers such "
+                                             f"as 0,3,-1; got {text!r}") from None
+
+    return value
+
+
+def checked_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option's own check (``parse``, raising InputError) as an argparse type: its
+    one-line message."""
+    def value(text: str) -> Any:
+        try:
+            return parse(text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return value
+
+
 def scope_value(text: str) -> Scope:
     try:
         return Scope.parse(text)
@@ -113,17 +143,25 @@ def corpus_args(parser: argparse.ArgumentParser, *, batch_help: str = "texts per
     the Python signature ``(model, tokenizer, texts, *, scope, batch_size, truncation, seed,
     progress)``."""
     text_args(parser)
+    run_args(parser, batch_help=batch_help, seed_help=seed_help)
+
+
+def run_args(parser: argparse.ArgumentParser, *, scope_help: str = "heads to analyse",
+             batch_help: str = "texts per forward",
+             seed_help: str = "seeds every random choice (default 0)",
+             truncate_help: str = "cut texts longer than the model allows instead of failing",
+             skip_help: str = "leave out texts longer than the model allows (listed on stderr)",
+             length_help: str = "cap on tokens per text") -> None:
+    """The options of :func:`corpus_args` but the inputs (``--scope`` ... ``--quiet``), for
+    a command that reads its inputs its own way (``patch``: clean and corrupted ones)."""
     parser.add_argument("--scope", action="append", type=scope_value, metavar="SCOPE",
-                        help=f"heads to analyse (repeatable, merged): {SCOPE_FORMS}; "
-                             "default all")
+                        help=f"{scope_help} (repeatable, merged): {SCOPE_FORMS}; default all")
     parser.add_argument("--batch-size", type=positive, default=DEFAULT_BATCH_SIZE,
                         help=f"{batch_help} (default {DEFAULT_BATCH_SIZE})")
     long = parser.add_mutually_exclusive_group()
-    long.add_argument("--truncate", action="store_true",
-                      help="cut texts longer than the model allows instead of failing")
-    long.add_argument("--skip-long", action="store_true",
-                      help="leave out texts longer than the model allows (listed on stderr)")
-    parser.add_argument("--max-length", type=positive, help="cap on tokens per text")
+    long.add_argument("--truncate", action="store_true", help=truncate_help)
+    long.add_argument("--skip-long", action="store_true", help=skip_help)
+    parser.add_argument("--max-length", type=positive, help=length_help)
     parser.add_argument("--seed", type=non_negative, default=0, help=seed_help)
     parser.add_argument("--distributed", action="store_true",
                         help="under torchrun (WORLD_SIZE > 1): split the work over the "
@@ -147,6 +185,42 @@ def corpus_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of the shared corpus signature, from the parsed options."""
     return {"scope": scope_of(args), "batch_size": args.batch_size,
             "truncation": truncation_of(args), "seed": args.seed, "progress": not args.quiet}
+
+
+# ------------------------------------------------------------------------------- experiments
+def experiment_type(registry: Registry[Any], what: str = "experiment") -> Callable[[str], str]:
+    """An argparse type: the name of an experiment registered in ``registry``."""
+    def value(text: str) -> str:
+        if text not in registry:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose one of "
+                                             f"{', '.join(registry.names())}")
+        return text
+
+    return value
+
+
+def option_args(parser: Any, options: Sequence[CliOption]) -> None:
+    """One flag per experiment option (:func:`attnprobe.core.options.cli_options`), checked
+    as ``run()`` checks it."""
+    for item in options:
+        parser.add_argument(item.flag, dest=item.name, type=checked_type(item.parse),
+                            metavar=item.metavar, help=item.help)
+
+
+def option_keywords(args: argparse.Namespace, options: Sequence[CliOption], experiment: str,
+                    flag: str = "--experiment") -> dict[str, Any]:
+    """``run()`` keywords from the flags of :func:`option_args`; a flag of another experiment
+    than ``experiment`` (chosen with ``flag``) is an error, not silently ignored."""
+    keywords: dict[str, Any] = {}
+    for item in options:
+        value = getattr(args, item.name)
+        if value is None:
+            continue
+        if experiment not in item.experiments:
+            raise AttnProbeError(f"{item.flag} applies to {flag} "
+                                 f"{'/'.join(item.experiments)}, not {experiment}")
+        keywords[item.name] = value
+    return keywords
 
 
 # ------------------------------------------------------------------------------- causal LMs

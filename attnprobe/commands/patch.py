@@ -4,28 +4,30 @@ input per example."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text
+from attnprobe.capture.text import Text
 from attnprobe.commands.common import (
     corpus_options,
     distributed_group,
+    experiment_type,
     ids_value,
-    non_negative,
-    positive,
-    scope_value,
+    option_args,
+    option_keywords,
+    positions_type,
+    run_args,
     table_path,
     texts_from_args,
     write_table,
     wrote,
 )
 from attnprobe.core.files import check_outputs
+from attnprobe.core.options import CliOption, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
-from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.errors import AttnProbeError
 
 PATCH_EXAMPLE = """examples:
   attnprobe patch --model ./my-lm --experiment heads --clean "The Eiffel Tower is in" \\
@@ -59,57 +61,10 @@ receivers, into; --compare: the activation patching rows follow).
 """
 
 
-def _experiment(text: str) -> str:
+def _options() -> list[CliOption]:
     from attnprobe.patch import EXPERIMENTS
 
-    if text not in EXPERIMENTS:
-        raise argparse.ArgumentTypeError(f"unknown experiment {text!r}; choose one of "
-                                         f"{', '.join(EXPERIMENTS.names())}")
-    return text
-
-
-def _metric_positions(text: str) -> Any:
-    """``--metric-positions``: ``last``, ``all`` or comma-separated integers."""
-    text = text.strip()
-    if text in ("last", "all"):
-        return text
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--metric-positions must be 'last', 'all' or "
-                                         f"integers such as 0,3,-1; got {text!r}") from None
-
-
-def _options() -> list[Any]:
-    from attnprobe.patch import EXPERIMENTS, params_of
-    from attnprobe.patch.params import cli_options
-
-    return cli_options({name: params_of(name) for name in EXPERIMENTS.names()})
-
-
-def _value_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """The option's own check as an argparse type: its message, one line, exit 2."""
-    def value(text: str) -> Any:
-        try:
-            return parse(text)
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return value
-
-
-def _keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """Experiment options from the flags; a flag of another experiment is an error."""
-    keywords: dict[str, Any] = {}
-    for item in _options():
-        value = getattr(args, item.name)
-        if value is None:
-            continue
-        if args.experiment not in item.experiments:
-            raise AttnProbeError(f"{item.flag} applies to --experiment "
-                                 f"{'/'.join(item.experiments)}, not {args.experiment}")
-        keywords[item.name] = value
-    return keywords
+    return registered_options(EXPERIMENTS.values())
 
 
 def _side(args: argparse.Namespace, side: str) -> list[Text]:
@@ -147,7 +102,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
                                             for s in ("clean", "corrupt")])
     if args.compare and args.experiment != "attribution":
         raise AttnProbeError("--compare applies to --experiment attribution")
-    keywords = _keywords(args)
+    keywords = option_keywords(args, _options(), args.experiment)
     if args.scope and args.experiment == "path":
         raise AttnProbeError("--experiment path takes --senders and --receivers, not --scope")
     clean, corrupt = _side(args, "clean"), _side(args, "corrupt")
@@ -179,13 +134,15 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``patch`` to the ``attnprobe`` sub-command parsers."""
+    from attnprobe.patch import EXPERIMENTS
+
     parser = sub.add_parser("patch", help="activation, path and attribution patching of heads "
                             "(clean vs corrupted inputs)",
                             epilog=PATCH_EXAMPLE.format(scopes=SCOPE_FORMS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm",
                         help="minilm (default), ref:<name>, or a local HF model directory")
-    parser.add_argument("--experiment", required=True, type=_experiment,
+    parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
                         help="heads, path or attribution")
     for side in ("clean", "corrupt"):
         parser.add_argument(f"--{side}", action="append", metavar="TEXT",
@@ -197,31 +154,17 @@ def register(sub: Any) -> None:
     parser.add_argument("--metric", required=True,
                         help="what is measured: logit:T, prob:T, logprob:T, logit_diff:A,B, "
                              "loss, logit:next, next-token")
-    parser.add_argument("--metric-positions", type=_metric_positions, default="last",
+    parser.add_argument("--metric-positions", type=positions_type("--metric-positions"),
+                        default="last",
                         help="where the metric reads: last (default), all, or positions "
                              "such as 0,3,-1")
-    parser.add_argument("--scope", action="append", type=scope_value, metavar="SCOPE",
-                        help=f"heads patched (heads, attribution; repeatable, merged): "
-                             f"{SCOPE_FORMS}; default all")
-    parser.add_argument("--batch-size", type=positive, default=DEFAULT_BATCH_SIZE,
-                        help=f"forward rows: examples x patches (attribution: examples) "
-                             f"(default {DEFAULT_BATCH_SIZE})")
-    long = parser.add_mutually_exclusive_group()
-    long.add_argument("--truncate", action="store_true",
-                      help="cut pairs longer than the model allows (both inputs alike)")
-    long.add_argument("--skip-long", action="store_true",
-                      help="leave out pairs longer than the model allows")
-    parser.add_argument("--max-length", type=positive, help="cap on tokens per input")
-    parser.add_argument("--seed", type=non_negative, default=0,
-                        help="part of the shared options; patching draws nothing at random")
-    parser.add_argument("--distributed", action="store_true",
-                        help="under torchrun (WORLD_SIZE > 1): split the work over the "
-                             "processes (gloo); rank 0 writes and prints")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar or 'wrote' notes on stderr")
-    for item in _options():
-        parser.add_argument(item.flag, dest=item.name, type=_value_type(item.parse),
-                            metavar=item.metavar, help=item.help)
+    run_args(parser, scope_help="heads patched by heads and attribution",
+             batch_help="forward rows: examples x patches (attribution: examples)",
+             seed_help="part of the shared options; patching draws nothing at random",
+             truncate_help="cut pairs longer than the model allows (both inputs alike)",
+             skip_help="leave out pairs longer than the model allows",
+             length_help="cap on tokens per input")
+    option_args(parser, _options())
     parser.add_argument("--compare", action="store_true",
                         help="attribution: also run activation patching (heads) with the "
                              "same options, write its rows too and print the correlation")

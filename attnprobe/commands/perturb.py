@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -13,14 +12,17 @@ from attnprobe.commands.common import (
     corpus_args,
     corpus_options,
     distributed_group,
+    experiment_type,
+    option_args,
+    option_keywords,
+    positions_type,
     texts_from_args,
     write_table,
     wrote,
 )
+from attnprobe.core.options import CliOption, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
-from attnprobe.errors import AttnProbeError, InputError
 from attnprobe.perturb.job import SWEEPS
-from attnprobe.perturb.params import CliOption, cli_options
 
 PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model ref:bilstm-classifier --text "the cat sat on the red mat" \\
@@ -69,59 +71,11 @@ head, example_id, step, metric, baseline, perturbed, change, then one column per
 """
 
 
-def _experiment(text: str) -> str:
-    from attnprobe.perturb.experiments import EXPERIMENTS
-
-    if text not in EXPERIMENTS:
-        raise argparse.ArgumentTypeError(f"unknown experiment {text!r}; choose one of "
-                                         f"{', '.join(EXPERIMENTS.names())}")
-    return text
-
-
-def _positions(text: str) -> Any:
-    """``--positions``: ``last``, ``all`` or comma-separated integers."""
-    text = text.strip()
-    if text in ("last", "all"):
-        return text
-    try:
-        found = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--positions must be 'last', 'all' or integers such "
-                                         f"as 0,3,-1; got {text!r}") from None
-    return found
-
-
 def _options() -> list[CliOption]:
     """One flag per experiment option, made from the experiments' parameter dataclasses."""
-    from attnprobe.perturb.experiments import EXPERIMENTS, params_of
+    from attnprobe.perturb.experiments import EXPERIMENTS
 
-    return cli_options({name: params_of(name) for name in EXPERIMENTS.names()})
-
-
-def _value_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """The option's own check as an argparse type: its message, one line, exit 2."""
-    def value(text: str) -> Any:
-        try:
-            return parse(text)
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return value
-
-
-def _keywords(args: argparse.Namespace) -> dict[str, Any]:
-    """run() keywords from the experiment flags; a flag of another experiment is an error,
-    not silently ignored."""
-    keywords: dict[str, Any] = {}
-    for item in _options():
-        value = getattr(args, item.name)
-        if value is None:
-            continue
-        if args.experiment not in item.experiments:
-            raise AttnProbeError(f"{item.flag} applies to --experiment "
-                                 f"{'/'.join(item.experiments)}, not {args.experiment}")
-        keywords[item.name] = value
-    return keywords
+    return registered_options(EXPERIMENTS.values())
 
 
 MAIN_METRICS = ("tvd", "cosine_distance")  # the metric a head grid shows, first one present
@@ -154,7 +108,7 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     from attnprobe.perturb.experiments import run
 
     (out,) = check_tables(args, ("--out", args.out))
-    keywords = _keywords(args)
+    keywords = option_keywords(args, _options(), args.experiment)
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
     options = corpus_options(args)
@@ -186,6 +140,8 @@ def cmd_perturb(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``perturb`` to the ``attnprobe`` sub-command parsers."""
+    from attnprobe.perturb.experiments import EXPERIMENTS
+
     parser = sub.add_parser("perturb", help="perturb attention and measure the output change",
                             epilog=PERTURB_EXAMPLE.format(scopes=SCOPE_FORMS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,7 +149,7 @@ def register(sub: Any) -> None:
                                    "(adversarial: see --adversaries)",
                 seed_help="seeds permute, dirichlet, erase's random order and adversarial "
                           "(default 0); the other experiments draw nothing")
-    parser.add_argument("--experiment", required=True, type=_experiment,
+    parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
                         help="permute, dirichlet, uniform, ablate, mean, erase, adversarial, "
                              "importance or knockout")
     parser.add_argument("--sweep", choices=SWEEPS,
@@ -208,14 +164,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--metric", default="next-token", metavar="SPEC",
                         help="next-token (default: the distributional change), logit:T, prob:T, "
                              "logprob:T, logit_diff:A,B, loss, logit:next, next-token:ID")
-    parser.add_argument("--positions", type=_positions, metavar="WHERE",
+    parser.add_argument("--positions", type=positions_type("--positions"), metavar="WHERE",
                         help="where a --metric other than next-token is read: last "
                              "(default; all for loss), all, or positions such as 0,3,-1 "
                              "(counting real tokens)")
-    for item in _options():
-        parser.add_argument(item.flag, dest=item.name, type=_value_type(item.parse),
-                            metavar=item.metavar,
-                            help=item.help)
+    option_args(parser, _options())
     parser.add_argument("--target",
                         help="erase: what the attribution ranking explains; importance: the "
                              "loss (class:K, next-token[:ID], similarity:TEXT); refused by "

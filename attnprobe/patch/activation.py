@@ -11,14 +11,17 @@ with ``a`` from ``x̃``: ``effect = (m(x) − m_patched) / (m(x) − m(x̃))`` (
 of every scoped layer once; then each forward runs the base input repeated for ``c`` patches
 (``b · c <= batch_size`` rows), a different patch in every repetition
 (:class:`~attnprobe.patch.units.RowPatch`). A forward's patches share their first patched
-layer where they can (:func:`~attnprobe.patch.units.chunks`), and the layers before it run
-on the examples once (:mod:`attnprobe.patch.late_tiling`). Only the layers a forward patches
-are in its capture scope: the others keep the model's fast attention (SDPA).
+layer where they can (:func:`~attnprobe.patch.units.chunks`), and the layers before it do
+not run again: they replay their outputs of the base run (:mod:`attnprobe.patch.late_tiling`).
+Only the layers a forward patches are in its capture scope: the others keep the model's fast
+attention (SDPA).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -26,20 +29,23 @@ from attnprobe.capture.info import attention_sizes
 from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.patch.job import Job, Runs, register_experiment
-from attnprobe.patch.late_tiling import LateTiling
+from attnprobe.patch.late_tiling import LateTiling, Outputs
 from attnprobe.patch.pairs import DIRECTIONS
 from attnprobe.patch.params import Params, option
 from attnprobe.patch.sites import SITES, rewriter, site_spec
 from attnprobe.patch.table import Row, tidy
 from attnprobe.patch.units import PER, RowPatch, Unit, chunks, forward_rows, tiled, units_of
 
-__all__ = ["POSITIONS", "HeadsParams", "head_sizes", "patch_heads"]
+__all__ = ["POSITIONS", "HeadsParams", "SiteParams", "head_sizes", "patch_heads"]
 
 POSITIONS = ("all", "each")
 
 
 @dataclass(frozen=True)
-class HeadsParams(Params):
+class SiteParams(Params):
+    """The options of an experiment that patches one site of the scoped heads (``heads``,
+    ``attribution``)."""
+
     site: str = option("output", "the activation patched: per-head output z, pattern, q, k "
                        "or v (k/v: key/value heads)", choices=tuple(SITES))
     positions: str = option("all", "patch every position at once, or each position alone",
@@ -47,6 +53,10 @@ class HeadsParams(Params):
     direction: str = option("denoising", "denoising: the corrupted run with clean "
                             "activations (sufficiency); noising: the reverse (necessity)",
                             choices=DIRECTIONS)
+
+
+@dataclass(frozen=True)
+class HeadsParams(SiteParams):
     per: str = option("head", "what one patch covers: one head, one layer's scoped heads, or "
                       "every scoped head at once", choices=PER)
 
@@ -86,11 +96,16 @@ def patch_heads(job: Job) -> pd.DataFrame:
     read_scope = Scope(layers=job.scope.layers_in(attention_sizes(job.model)[0]))
     spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
     tensors = tuple(dict.fromkeys((spec.tensor, query)))
-    found = job.baselines(spans, read_scope, tensors)
+    late = LateTiling(job.model)
+    recorded: Outputs = {}  # the base run's block outputs, of the span job.runs ran last
+
+    def record(span: slice, run: str) -> AbstractContextManager[Any]:
+        return late.recording(recorded) if run == job.base and late.usable else nullcontext()
+
+    found = job.baselines(spans, read_scope, tensors, record)
     clean, corrupt, note = found.clean, found.corrupt, found.note
     units = units_of(job.scope, {layer: (n[query], n[spec.tensor])
                                  for layer, n in found.sizes.items()}, params.per)
-    late = LateTiling(job.model)
 
     def span_units(span: slice) -> list[Unit]:
         if params.positions == "all":
@@ -107,7 +122,7 @@ def patch_heads(job: Job) -> pd.DataFrame:
     def one(item: tuple[slice, int, int]) -> list[tuple[int, Row]]:
         span, start, stop = item
         chunk = span_units(span)[start:stop]
-        runs = job.runs(span, read_scope, tensors)
+        runs = job.runs(span, read_scope, tensors, record)
         base = runs.inputs[job.base]
         b = base["input_ids"].shape[0]
         source = runs.acts[job.other][spec.tensor]
@@ -118,8 +133,10 @@ def patch_heads(job: Job) -> pd.DataFrame:
             return patch.apply(layer, tensor, source[layer])
 
         scope, parts, copies = Scope(layers=patch.layers), [rewriter(spec, fn)], len(chunk)
-        if _late(job, late, runs, read_scope, tensors, min(patch.layers), copies):
-            with late.from_layer(min(patch.layers), b, copies):
+        first = min(patch.layers)
+        if _late(job, late, runs, tensors, first, copies, recorded):
+            replay = recorded if late.replays else None
+            with late.from_layer(first, b, copies, replay):
                 output, _ = job.patched(base, scope, parts)
         else:
             output, _ = job.patched(tiled(base, copies), scope, parts)
@@ -145,13 +162,17 @@ def patch_heads(job: Job) -> pd.DataFrame:
                 site=params.site, direction=job.direction, metric=job.plan.name, note=note)
 
 
-def _late(job: Job, late: LateTiling, runs: Runs, scope: Scope, tensors: tuple[str, ...],
-          start: int, copies: int) -> bool:
+def _late(job: Job, late: LateTiling, runs: Runs, tensors: tuple[str, ...], start: int,
+          copies: int, recorded: Outputs) -> bool:
     """Whether a forward of ``copies`` patches from layer ``start`` on repeats its examples
-    only there (:mod:`attnprobe.patch.late_tiling`; checked once per model)."""
+    only there, and (:attr:`LateTiling.replays`) replays the blocks before it from the
+    base run's ``recorded`` outputs (:mod:`attnprobe.patch.late_tiling`; checked once per
+    model)."""
     if start == 0 or copies < 2 or not late.usable:
         return False
     base = runs.inputs[job.base]
-    return late.check(lambda inputs: job.read(inputs, scope, tensors)[0], start,
+    first = Scope(layers=(start,))  # like a patched forward: the layers before it are left
+    return late.check(lambda inputs: job.read(inputs, first, tensors)[0], start,
                       runs.values[job.base].numpy(),
-                      lambda output, n: job.measure(runs.metric, output, base, n), base)
+                      lambda output, n: job.measure(runs.metric, output, base, n), base,
+                      recorded)

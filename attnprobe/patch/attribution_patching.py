@@ -15,24 +15,20 @@ says how well it ranks heads against a real :func:`attnprobe.patch.heads` table.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
 from attnprobe.capture.text import batch_spans
+from attnprobe.core.autograd import gradients_reach
 from attnprobe.core.display import describe
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
-from attnprobe.patch.activation import POSITIONS, axis_sizes
+from attnprobe.patch.activation import SiteParams, axis_sizes
 from attnprobe.patch.job import Job, register_experiment
-from attnprobe.patch.pairs import DIRECTIONS
-from attnprobe.patch.params import Params, option
-from attnprobe.patch.sites import SITES, site_spec
+from attnprobe.patch.sites import site_spec
 from attnprobe.patch.table import Row, check_differs, summary, tidy
 from attnprobe.patch.units import axis_heads
 
@@ -42,29 +38,8 @@ JOIN = ("example_id", "layer", "head", "position", "site", "direction", "metric"
 
 
 @dataclass(frozen=True)
-class AttributionParams(Params):
-    site: str = option("output", "the activation patched: per-head output z, pattern, q, k "
-                       "or v (k/v: key/value heads)", choices=tuple(SITES))
-    positions: str = option("all", "patch every position at once, or each position alone",
-                            choices=POSITIONS)
-    direction: str = option("denoising", "denoising: the corrupted run with clean "
-                            "activations (sufficiency); noising: the reverse (necessity)",
-                            choices=DIRECTIONS)
-
-
-@contextmanager
-def _gradients_reach(model: nn.Module) -> Iterator[None]:
-    """Every parameter requires grad for the call (restored after), so the activations are in
-    the autograd graph of a frozen model too; gradients are taken with
-    ``torch.autograd.grad``, so no parameter's ``.grad`` is touched."""
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    try:
-        for p in frozen:
-            p.requires_grad_(True)
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
+class AttributionParams(SiteParams):
+    """The options of ``heads`` but ``per`` (the estimate is per head)."""
 
 
 def _per_position(product: torch.Tensor) -> torch.Tensor:
@@ -92,7 +67,8 @@ def patch_attribution(job: Job) -> pd.DataFrame:
         if job.other == "clean":
             metric = metric.fixed(output, clean)
         values = {job.other: job.plan.values(metric, output, inputs[job.other])}
-        with _gradients_reach(job.model):
+        # the metric too is computed with gradients, also when the caller is under no_grad
+        with gradients_reach(job.model):
             output, base = job.read(inputs[job.base], scope, (spec.tensor,), grad=True)
             if job.base == "clean":
                 metric = metric.fixed(output, clean)

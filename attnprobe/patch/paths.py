@@ -58,9 +58,10 @@ INTO = ("q", "k", "v")
 
 @dataclass(frozen=True)
 class PathParams(Params):
-    receivers: str | None = option(None, "path: the receiver heads (a scope; required)")
-    senders: str = option("all", "path: the sender heads (a scope)")
-    into: tuple[str, ...] = option(("q",), "path: the receivers' inputs the senders reach "
+    receivers: str | None = option(None, "the receiver heads (a scope; required)",
+                                   metavar="SCOPE")
+    senders: str = option("all", "the sender heads (a scope)", metavar="SCOPE")
+    into: tuple[str, ...] = option(("q",), "the receivers' inputs the senders reach "
                                    "(several: patched together)", choices=INTO)
     direction: str = option("denoising", "denoising: the corrupted run with clean "
                             "activations (sufficiency); noising: the reverse (necessity)",

@@ -95,17 +95,21 @@ def forward_rows(batch_size: int, n_examples: int, n_units: int) -> tuple[int, i
     return examples, max(1, min(n_units, batch_size // examples))
 
 
+SHARED = 8  # patches that amortise a forward's fixed cost: a chunk this long ends at a turn
+
+
 def chunks(units: Sequence[Unit], per_forward: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each forward's units, in order: at most ``per_forward`` units, cut
     where the first patched layer changes (a forward repeats its examples only from its first
-    patched layer on: :mod:`attnprobe.patch.late_tiling`) unless the chunk so far is under
-    half full."""
+    patched layer on, and replays the layers before: :mod:`attnprobe.patch.late_tiling`)
+    unless the chunk so far is under half full and under :data:`SHARED` units (then the next
+    layer's patches share its forward rather than pay one of their own)."""
     found: list[tuple[int, int]] = []
     start = 0
     for i in range(1, len(units) + 1):
         full = i - start == per_forward
         turn = i < len(units) and min(units[i].layers) != min(units[i - 1].layers) \
-            and 2 * (i - start) >= per_forward
+            and 2 * (i - start) >= min(per_forward, 2 * SHARED)
         if i == len(units) or full or turn:
             found.append((start, i))
             start = i

@@ -13,8 +13,8 @@ holds what they share); they live in ``draws`` (permute, dirichlet), ``edits`` (
 ablate, mean), ``searches`` (erase, adversarial) and ``pruning`` (importance); ``sweeps``
 runs uniform / ablate / mean on each head alone, batched (``run(..., sweep="head")``), and
 ``table`` makes the tidy table (:data:`RUN_COLUMNS`, then one column per parameter).
-``readout`` reads and compares the model's outputs, ``budget`` estimates memory before the
-first forward.
+``readout`` reads and compares the model's outputs, ``budget`` estimates memory and
+``run_checks`` refuses what cannot run, both before the first forward.
 Which heads an intervention touches is a :class:`~attnprobe.core.scope.Scope`.
 """
 

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture import capture
+from attnprobe.capture import Edit, capture
 from attnprobe.core import divergence
 from attnprobe.core.display import counted, describe, indices
 from attnprobe.errors import InputError
@@ -202,6 +202,17 @@ def adversarial_attention(model: nn.Module, inputs: Mapping[str, Any], *, layer:
 
     The model's parameters and mode are left as they are (gradients are taken with
     ``torch.autograd.grad`` with respect to the logits only).
+
+    Example:
+        >>> ids = lm_tok([prompt], return_tensors="pt")  # one example
+        >>> found = adversarial_attention(
+        ...     lm, ids, layer=1, heads=[0], eps=0.05, n_adversaries=3, steps=20,
+        ...     output_fn=lambda logits: logits[:, -1].softmax(-1))   # next-token [1, vocab]
+        >>> found.attention.shape                       # [adversary, head, query, key]
+        torch.Size([3, 1, 17, 17])
+        >>> torch.allclose(found.attention.sum(-1), torch.ones(3, 1, 17))   # still weights
+        True
+        >>> found.max_jsd_within_eps                    # how far attention moved within ε
     """
     layer, heads = _check_args(layer, heads, eps, n_adversaries, steps, lr)
     _one_example(inputs)
@@ -209,10 +220,33 @@ def adversarial_attention(model: nn.Module, inputs: Mapping[str, Any], *, layer:
         raise InputError("adversarial_attention needs gradients; call it outside "
                          "torch.inference_mode()")
     eps = float(eps)
+    clean = _clean_forward(model, inputs, layer, heads, output_fn)
+    adversaries = _Adversaries(clean, n_adversaries, seed, _device(model, clean.probs), lr)
+    best = _train(model, repeat_inputs(inputs, n_adversaries), layer, clean, adversaries,
+                  output_fn, eps, steps)
+    return _result(layer, heads, eps, best, clean)
 
-    # ---- the original weights and output
+
+# ----------------------------------------------------------------------------- steps
+@dataclass(frozen=True)
+class _Clean:
+    """The unperturbed forward: the output's probabilities ``[1, classes]``, the scoped
+    heads' weights ``[head, query, key]`` (float32 CPU), the keys each row may choose from
+    and the rows an adversary can change (``[head, query]``: a real query with two keys)."""
+
+    probs: torch.Tensor
+    group: Any  # the layer's BatchPatterns (validity masks, for cropping the results)
+    heads: tuple[int, ...]
+    original: torch.Tensor
+    allowed: torch.Tensor
+    free: torch.Tensor
+
+
+def _clean_forward(model: nn.Module, inputs: Mapping[str, Any], layer: int,
+                   heads: tuple[int, ...], output_fn: OutputFn) -> _Clean:
+    """The original weights and output, and which rows and keys the adversaries may use."""
     with torch.no_grad(), capture(model, layers=[layer]) as cap:
-        clean_output = model(**inputs)
+        output = model(**inputs)
     groups = cap.batches()
     if len(groups) != 1:
         paths = ", ".join(s.path for s in cap.sites)
@@ -224,89 +258,119 @@ def adversarial_attention(model: nn.Module, inputs: Mapping[str, Any], *, layer:
     if bad:
         raise InputError(f"heads {bad} out of range: layer {layer} has {n_heads} heads "
                          f"(0..{n_heads - 1})")
-    clean_probs = _probabilities(output_fn, clean_output, 1).detach()
-    index = list(heads)
-    original = group.pattern[0, 0, index]  # [head, query, key], float32 CPU
+    probs = _probabilities(output_fn, output, 1).detach()
+    original = group.pattern[0, 0, list(heads)]  # [head, query, key]
     allowed = (original > 0) & group.key_valid[0][None, None, :]  # [head, query, key]
-    free = allowed.sum(-1) >= 2  # [head, query] rows an adversary can change
-    free &= group.query_valid[0][None, :]
+    free = (allowed.sum(-1) >= 2) & group.query_valid[0][None, :]  # [head, query]
     if not free.any():
         raise InputError(f"no real query row of layer {layer} heads {list(heads)} has two "
                          "keys to choose from; the attention cannot be changed")
+    return _Clean(probs, group, heads, original, allowed, free)
 
-    # ---- the adversaries
-    device = _device(model, clean_probs)
-    original_d = original.to(device)
-    free_d = free.to(device)
-    # rows with no allowed key (padding queries) get a dummy full row; they are never used
-    allowed_d = (allowed | ~allowed.any(-1, keepdim=True)).to(device)
-    n_free = free_d.sum()
-    k = n_adversaries
-    generator = torch.Generator().manual_seed(seed)
-    noise = torch.randn((k, *original.shape), generator=generator)
-    log_uniform = -torch.log(allowed.sum(-1, keepdim=True).clamp(min=1).float())
-    theta = (log_uniform + 3.0 * noise).to(device).requires_grad_(True)  # [K, head, q, key]
-    optimizer = torch.optim.Adam([theta], lr=lr)
-    head_index = torch.tensor(index, device=device)
 
-    def weights() -> torch.Tensor:
-        masked = theta.masked_fill(~allowed_d, float("-inf"))
+class _Adversaries:
+    """``K`` adversaries: logits ``θ [K, head, query, key]`` (initialised at
+    ``log(1/n) + 3·N(0, 1)`` from ``seed``), their Adam optimiser, and the capture edit that
+    puts their weights into the scoped heads of the batch's ``K`` copies."""
+
+    def __init__(self, clean: _Clean, k: int, seed: int, device: torch.device,
+                 lr: float) -> None:
+        self.k = k
+        self.original = clean.original.to(device)
+        self.free = clean.free.to(device)
+        # rows with no allowed key (padding queries) get a dummy full row; they are never used
+        self.allowed = (clean.allowed | ~clean.allowed.any(-1, keepdim=True)).to(device)
+        self.n_free = self.free.sum()
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn((k, *clean.original.shape), generator=generator)
+        log_uniform = -torch.log(clean.allowed.sum(-1, keepdim=True).clamp(min=1).float())
+        self.theta = (log_uniform + 3.0 * noise).to(device).requires_grad_(True)
+        self.optimizer = torch.optim.Adam([self.theta], lr=lr)
+        self.head_index = torch.tensor(list(clean.heads), device=device)
+        # the weights the next forward's edit puts in (set by each step's weights())
+        self.current = self.original.expand(k, *self.original.shape)
+
+    def weights(self) -> torch.Tensor:
+        """``[K, head, query, key]``: softmax over the allowed keys on the free rows, the
+        original weights elsewhere; also what the next forward's edit puts in."""
+        masked = self.theta.masked_fill(~self.allowed, float("-inf"))
         adv = torch.softmax(masked, dim=-1)
-        return torch.where(free_d[..., None], adv, original_d)  # [K, head, q, key]
+        self.current = torch.where(self.free[..., None], adv, self.original)
+        return self.current
 
-    current: dict[str, torch.Tensor] = {}
+    def edit(self, _layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        return pattern.index_copy(1, self.head_index, self.current.to(pattern.dtype))
 
-    def edit(_layer: int, pattern: torch.Tensor) -> torch.Tensor:
-        return pattern.index_copy(1, head_index, current["adv"].to(pattern.dtype))
+    def mean_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """``[..., head, query] -> [...]``: the mean over the free rows."""
+        return (values * self.free).sum((-2, -1)) / self.n_free
 
-    def mean_rows(values: torch.Tensor) -> torch.Tensor:  # [..., head, q] -> [...]
-        return (values * free_d).sum((-2, -1)) / n_free
+    def loss(self, adv: torch.Tensor, tvd: torch.Tensor, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """J&W's loss (module docstring) and each adversary's JSD from the original ``[K]``."""
+        jsd = self.mean_rows(divergence.jsd(adv, self.original, eps=_TINY))  # [K]
+        loss = -jsd.mean() + PENALTY * torch.relu(tvd - eps).mean()
+        if self.k > 1:
+            cross = self.mean_rows(divergence.jsd(adv[:, None], adv[None, :], eps=_TINY))
+            loss = loss - cross.sum() / (self.k * (self.k - 1))  # [K, K] summed off-diagonal
+        return loss, jsd
 
-    batch_inputs = repeat_inputs(inputs, k)
-    best_jsd = torch.full((k,), -1.0)
+    def step(self, loss: torch.Tensor) -> None:
+        (grad,) = torch.autograd.grad(loss, [self.theta])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.theta.grad = grad
+        self.optimizer.step()
+
+
+def _train(model: nn.Module, batch: Mapping[str, Any], layer: int, clean: _Clean,
+           adversaries: _Adversaries, output_fn: OutputFn, eps: float,
+           steps: int) -> dict[str, torch.Tensor]:
+    """``steps`` Adam steps on the ``K`` copies ``batch``; per adversary the iterate with the
+    largest JSD whose TVD stayed within ε, or its last iterate when none did: ``jsd [K]``,
+    ``tvd [K]``, ``adv [K, head, query, key]`` (CPU)."""
+    k = adversaries.k
     best = {"jsd": torch.zeros(k), "tvd": torch.full((k,), math.inf),
-            "adv": original.expand(k, *original.shape).clone()}
+            "adv": clean.original.expand(k, *clean.original.shape).clone()}
+    best_jsd = torch.full((k,), -1.0)  # -1: no iterate within ε yet
     last: dict[str, torch.Tensor] = {}
-    with torch.enable_grad(), capture(model, layers=[layer], keep=False, edit=edit):
+    with torch.enable_grad(), capture(model, layers=[layer], parts=[Edit(adversaries.edit)]):
         for _step in range(steps):
-            adv = weights()
-            current["adv"] = adv
-            probs = _probabilities(output_fn, model(**batch_inputs), k)
-            jsd = mean_rows(divergence.jsd(adv, original_d, eps=_TINY))  # [K]
-            tvd = divergence.tvd(probs, clean_probs.to(probs.device))  # [K]
-            loss = -jsd.mean() + PENALTY * torch.relu(tvd - eps).mean()
-            if k > 1:
-                cross = mean_rows(divergence.jsd(adv[:, None], adv[None, :], eps=_TINY))  # [K, K]
-                loss = loss - cross.sum() / (k * (k - 1))
-            (grad,) = torch.autograd.grad(loss, [theta])
+            adv = adversaries.weights()
+            probs = _probabilities(output_fn, model(**batch), k)
+            tvd = divergence.tvd(probs, clean.probs.to(probs.device))  # [K]
+            loss, jsd = adversaries.loss(adv, tvd, eps)
             # keep each adversary's best iterate within ε (values of this very forward)
-            jsd_c, tvd_c, adv_c = jsd.detach().cpu(), tvd.detach().cpu(), adv.detach().cpu()
-            better = (tvd_c <= eps) & (jsd_c > best_jsd)
-            best_jsd = torch.where(better, jsd_c, best_jsd)
-            for name, value in (("jsd", jsd_c), ("tvd", tvd_c), ("adv", adv_c)):
+            now = {"jsd": jsd.detach().cpu(), "tvd": tvd.detach().cpu(),
+                   "adv": adv.detach().cpu()}
+            better = (now["tvd"] <= eps) & (now["jsd"] > best_jsd)
+            best_jsd = torch.where(better, now["jsd"], best_jsd)
+            for name, value in now.items():
                 best[name][better] = value[better]
                 last[name] = value
-            optimizer.zero_grad(set_to_none=True)
-            theta.grad = grad
-            optimizer.step()
-
+            adversaries.step(loss)
     never = best_jsd < 0
-    for name in ("jsd", "tvd", "adv"):
+    for name in best:
         best[name][never] = last[name][never]
-    jsd_list = tuple(float(x) for x in best["jsd"])
-    tvd_list = tuple(float(x) for x in best["tvd"])
-    within = [j for j, t in zip(jsd_list, tvd_list, strict=True) if t <= eps]
+    return best
+
+
+def _result(layer: int, heads: tuple[int, ...], eps: float, best: dict[str, torch.Tensor],
+            clean: _Clean) -> AdversarialResult:
+    """The result and its one-line note on how the ε filter came out."""
+    jsd = tuple(float(x) for x in best["jsd"])
+    tvd = tuple(float(x) for x in best["tvd"])
+    within = [j for j, t in zip(jsd, tvd, strict=True) if t <= eps]
+    top = max(within) if within else None
     if within:
-        top = max(within)
-        note = (f"{len(within)} of {k} adversaries kept the output within ε={eps:g}; the most "
-                f"different reaches JSD {top:.3f} (ln 2 = {math.log(2):.3f})")
+        note = (f"{len(within)} of {len(jsd)} adversaries kept the output within ε={eps:g}; "
+                f"the most different reaches JSD {top:.3f} (ln 2 = {math.log(2):.3f})")
     else:
-        top = None
         note = (f"no adversary kept the output within ε={eps:g} (smallest TVD "
-                f"{min(tvd_list):.3g}); max_jsd_within_eps is None")
-    return AdversarialResult(layer=layer, heads=heads, eps=eps, jsd=jsd_list, tvd=tvd_list,
-                             max_jsd_within_eps=top, attention=_crop(best["adv"], group, 0),
-                             original=_crop(original[None], group, 0)[0], note=note)
+                f"{min(tvd):.3g}); max_jsd_within_eps is None")
+    return AdversarialResult(layer=layer, heads=heads, eps=eps, jsd=jsd, tvd=tvd,
+                             max_jsd_within_eps=top,
+                             attention=_crop(best["adv"], clean.group, 0),
+                             original=_crop(clean.original[None], clean.group, 0)[0], note=note)
 
 
 def _device(model: nn.Module, fallback: torch.Tensor) -> torch.device:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture import Capture, capture
+from attnprobe.capture import Capture, Keep, Live, Values, capture
 from attnprobe.capture import hf as hf_seam
 from attnprobe.capture.info import attention_sizes, model_scope
 from attnprobe.capture.text import (
@@ -37,7 +37,12 @@ from attnprobe.capture.text import (
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.perturb.interventions import INTERVENTIONS, Intervention, make_intervention
+from attnprobe.perturb.interventions import (
+    INTERVENTIONS,
+    Intervention,
+    edit_part,
+    make_intervention,
+)
 
 __all__ = ["head_output_means", "perturbed"]
 
@@ -83,7 +88,7 @@ def perturbed(model: nn.Module, intervention: Intervention | str, scope: ScopeLi
     """
     intervention = _intervention(intervention)
     scope = model_scope(model, scope)
-    if intervention.target == "output" and not hf_seam.is_hf_model(model):
+    if intervention.acts_on == "output" and not hf_seam.is_hf_model(model):
         raise InputError(f"{intervention.name} replaces per-head outputs inside transformers' "
                          f"attention function; {type(model).__name__} exposes only attention "
                          "patterns (use zero, uniform, permute, erase or dirichlet)")
@@ -96,9 +101,8 @@ def perturbed(model: nn.Module, intervention: Intervention | str, scope: ScopeLi
         return intervention(tensor, scope.heads_of(layer, tensor.shape[1]), generator,
                             layer=layer)
 
-    edits = {"edit_output" if intervention.target == "output" else "edit": edit}
-    with capture(model, scope, keep=keep, tokenizer=tokenizer,
-                 **edits) as cap:
+    parts = [edit_part(intervention, edit), *([Keep()] if keep else [])]
+    with capture(model, scope, parts=parts, tokenizer=tokenizer) as cap:
         yield cap
 
 
@@ -123,6 +127,13 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
     ``distributed`` (default: when a ``torch.distributed`` group is initialised) splits the
     batches over the ranks; every rank gets the per-batch sums and adds them in batch order,
     so the means equal the single-process ones exactly.
+
+    Example:
+        >>> means = head_output_means(model, tok, texts, layers=[0, 1])
+        >>> sorted(means), means[0].shape     # {layer: [head, d_head]}; MiniLM: 384 / 12
+        ([0, 1], torch.Size([12, 32]))
+        >>> with perturbed(model, make_intervention("mean", means=means), "layer:0"):
+        ...     ablated = model(**batch)                # every layer-0 head outputs its mean
     """
     if not hf_seam.is_hf_model(model):
         raise InputError(f"head outputs are recorded inside transformers' attention function; "
@@ -137,8 +148,7 @@ def head_output_means(model: nn.Module, tokenizer: Any, texts: Sequence[str] | s
         """Per layer ``[head, d_head]`` sums of the head outputs over the real tokens."""
         batch = encode(model, tokenizer, texts[part], truncation=truncation,
                        max_length=max_length)
-        with torch.no_grad(), capture(model, layers=layers, keep=False, live=True,
-                                      values=True) as cap:
+        with torch.no_grad(), capture(model, layers=layers, parts=[Live(), Values()]) as cap:
             model(**model_inputs(model, batch))
         real = batch["attention_mask"].bool()  # [batch, query]
         sums = {}

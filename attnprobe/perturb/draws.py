@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnprobe.capture import capture
+from attnprobe.capture import Edit, capture
 from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.optional import require
 from attnprobe.core.scope import Scope
@@ -131,7 +131,7 @@ def _draws(job: Job, intervention: Any, n: int, i: int, text: str,
                              for j in range(start, start + count)])
             copies = repeat_inputs(inputs, count)
             try:
-                with torch.no_grad(), capture(job.model, job.scope, keep=False, edit=edit):
+                with torch.no_grad(), capture(job.model, job.scope, parts=[Edit(edit)]):
                     output = job.model(**copies)
                 after = job.read(output, copies, [i] * count)
             except EditNotAppliedError:  # no draw moved any weight: exactly no change

@@ -97,45 +97,42 @@ def _resolve(items: Sequence[str], n: int, spec: str) -> list[int]:
 EDGE_KINDS: Registry[Callable[[str, str], Named]] = Registry("edges kind")
 
 
-def _off_diagonal(n: int) -> torch.Tensor:
-    return ~torch.eye(n, dtype=torch.bool)
+def _marked_edges(argument: str, spec: str,
+                  edges: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Named:
+    """A kind that names ``POSITIONS``: ``edges(marked)`` turns the named positions (bool
+    ``[n]``) into the blocked queries and keys (bool ``[n]`` each: every pair of one of each
+    is blocked), never a token's edge to itself."""
+    items = _items(argument, spec)
+
+    def named(n: int) -> torch.Tensor:
+        marked = torch.zeros(n, dtype=torch.bool)
+        marked[_resolve(items, n, spec)] = True
+        queries, keys = edges(marked)
+        return queries[:, None] & keys[None, :] & ~torch.eye(n, dtype=torch.bool)
+
+    return named
+
+
+def _last(marked: torch.Tensor) -> torch.Tensor:
+    """Bool ``[n]``: only the last position."""
+    last = torch.zeros_like(marked)
+    last[-1] = True
+    return last
 
 
 @EDGE_KINDS.register("to")
 def _to(argument: str, spec: str) -> Named:
-    items = _items(argument, spec)
-
-    def named(n: int) -> torch.Tensor:
-        keys = torch.zeros(n, dtype=torch.bool)
-        keys[_resolve(items, n, spec)] = True
-        return keys[None, :].expand(n, n) & _off_diagonal(n)
-
-    return named
+    return _marked_edges(argument, spec, lambda keys: (torch.ones_like(keys), keys))
 
 
 @EDGE_KINDS.register("from")
 def _from(argument: str, spec: str) -> Named:
-    items = _items(argument, spec)
-
-    def named(n: int) -> torch.Tensor:
-        queries = torch.zeros(n, dtype=torch.bool)
-        queries[_resolve(items, n, spec)] = True
-        return queries[:, None].expand(n, n) & _off_diagonal(n)
-
-    return named
+    return _marked_edges(argument, spec, lambda queries: (queries, torch.ones_like(queries)))
 
 
 @EDGE_KINDS.register("last-to")
 def _last_to(argument: str, spec: str) -> Named:
-    items = _items(argument, spec)
-
-    def named(n: int) -> torch.Tensor:
-        blocked = torch.zeros(n, n, dtype=torch.bool)
-        blocked[n - 1, _resolve(items, n, spec)] = True
-        blocked[n - 1, n - 1] = False
-        return blocked
-
-    return named
+    return _marked_edges(argument, spec, lambda keys: (_last(keys), keys))
 
 
 @EDGE_KINDS.register("edge")

@@ -104,8 +104,8 @@ single-process table on every rank; corpus quantities (``mean``'s head means,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -117,14 +117,11 @@ from attnprobe.capture.info import attention_sizes, model_scope
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
-    max_length_of,
     prepare_corpus,
-    token_lengths,
     truncation_mode,
 )
 from attnprobe.core.checks import check_number
 from attnprobe.core.distributed import rank_and_world
-from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.perturb import (  # noqa: F401  register them all
@@ -135,7 +132,6 @@ from attnprobe.perturb import (  # noqa: F401  register them all
     searches,
 )
 from attnprobe.perturb.budget import Footprint, check_budget
-from attnprobe.perturb.interventions import INTERVENTIONS
 from attnprobe.perturb.job import (
     CORPUS,
     EXPERIMENTS,
@@ -145,111 +141,25 @@ from attnprobe.perturb.job import (
     Job,
     named_errors,
 )
-from attnprobe.perturb.params import Params, option_flag
 from attnprobe.perturb.readout import OUTPUTS, OutputChoice, Reader, pick_reader
-from attnprobe.perturb.scoring import DEFAULT_METRIC, Scalar, scalar_metric
+from attnprobe.perturb.run_checks import (
+    check_metric,
+    check_model,
+    check_sweep,
+    check_target,
+    experiment_named,
+    longest_tokens,
+    option_names,
+    params_of,
+    reads_metric,
+    reads_target,
+)
+from attnprobe.perturb.scoring import DEFAULT_METRIC, scalar_metric
 from attnprobe.perturb.sweeps import forward_rows, sweep_units
 from attnprobe.perturb.table import tidy
 
 __all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SWEEPS", "Experiment",
            "knockout", "params_of", "reads_metric", "reads_target", "run"]
-
-# the experiment that applies each intervention, for the message when one is named instead
-_APPLIED_BY = {"zero": "ablate"}
-
-
-def params_of(experiment: str) -> type[Params]:
-    """The parameter dataclass of ``experiment`` (its options, defaults and help)."""
-    return _experiment_named(experiment).params
-
-
-def _experiment_named(name: Any) -> Experiment:
-    if isinstance(name, str) and name in EXPERIMENTS:
-        return EXPERIMENTS.get(name)
-    message = one_of("experiment", name, EXPERIMENTS.names())
-    if isinstance(name, str) and name in INTERVENTIONS:
-        runs = _APPLIED_BY.get(name, name)
-        message += f" ({name!r} is a perturbation; the experiment {runs!r} applies it)"
-    raise InputError(message)
-
-
-def _named(params: type[Params]) -> Callable[[str], str]:
-    """``option -> "name (--flag)"`` for messages read by API and CLI users alike."""
-    flags = {f.name: option_flag(f.name, f.metadata) for f in fields(params)}
-    return lambda name: f"{name} ({flags.get(name, '--' + name.replace('_', '-'))})"
-
-
-def _longest(model: nn.Module, tokenizer: Any, texts: Sequence[str], mode: str,
-             max_length: int | None) -> int:
-    """Tokens of the longest text as it will be run (cut to the limit)."""
-    longest = max(token_lengths(tokenizer, texts))
-    limits = [n for n in (max_length_of(model, tokenizer), max_length) if n]
-    return min(longest, *limits) if mode == "cut" and limits else longest
-
-
-def _check_model(model: Any, output: Any) -> None:
-    if output not in OUTPUTS:
-        raise InputError(one_of("output", output, OUTPUTS))
-    if not isinstance(model, nn.Module):
-        raise InputError(f"model must be a torch module; got {type(model).__name__}")
-    if any(m.training for m in model.modules()):
-        raise InputError("the model is in training mode (dropout makes every number random): "
-                         "call model.eval()")
-
-
-def reads_target(experiment: str, **options: Any) -> bool:
-    """Whether ``experiment`` with these options reads ``run(target=...)`` (``erase`` with an
-    attribution ranking, ``importance``); the others refuse a target."""
-    spec = _experiment_named(experiment)
-    return spec.params.build(spec.name, options).target_unread() is None
-
-
-def _check_target(name: str, params: Params, target: Any) -> None:
-    why = params.target_unread() if target is not None else None
-    if why is not None:
-        readers = [n for n in EXPERIMENTS.names()
-                   if EXPERIMENTS.get(n).params().target_unread() is None]
-        shown = target if isinstance(target, str) else type(target).__name__
-        raise InputError(f"perturb {name} does not read target {shown!r}: {why} (target is "
-                         f"read by {', '.join(readers)}); leave it out")
-
-
-def reads_metric(experiment: str, **options: Any) -> bool:
-    """Whether ``experiment`` with these options takes a scalar ``run(metric=...)``
-    (module docstring); the others refuse one.
-
-    Example:
-        >>> ap.perturb.reads_metric("knockout"), ap.perturb.reads_metric("erase")  # True, False
-    """
-    spec = _experiment_named(experiment)
-    return spec.params.build(spec.name, options).metric_unread() is None
-
-
-def _check_metric(name: str, params: Params, output: str, scalar: Scalar | None) -> None:
-    if scalar is None:
-        return
-    why = params.metric_unread()
-    if why is not None:
-        takers = [n for n in EXPERIMENTS.names()
-                  if EXPERIMENTS.get(n).params().metric_unread() is None]
-        raise InputError(f"perturb {name} does not take metric {scalar.spec!r}: {why} (a "
-                         f"metric is read by {', '.join(takers)}); leave it out")
-    if output != "auto":
-        raise InputError(f"output={output!r} chooses what the default metric "
-                         f"{DEFAULT_METRIC!r} compares; metric {scalar.spec!r} reads the "
-                         "output itself: leave output out")
-
-
-def _check_sweep(spec: Experiment, sweep: Any) -> None:
-    if sweep is None:
-        return
-    if sweep not in SWEEPS:
-        raise InputError(f"unknown sweep {sweep!r}; choose one of "
-                         f"{', '.join(map(repr, SWEEPS))} (or None)")
-    if not spec.sweeps:
-        takes = [name for name in EXPERIMENTS.names() if EXPERIMENTS.get(name).sweeps]
-        raise InputError(f"sweep={sweep!r} runs {', '.join(takes)} one {sweep} at a time; "
-                         f"{spec.name!r} does not sweep (give it a scope instead)")
 
 
 def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
@@ -332,37 +242,37 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         >>> ablated = ap.perturb.run(model, tok, texts, "ablate", sweep="head")
         >>> ablated[ablated.metric == "tvd"].pivot_table("change", "layer", "head")
     """
-    spec = _experiment_named(experiment)
+    spec = experiment_named(experiment)
     params = spec.params.build(spec.name, options)
     missing = params.missing()
     if missing is not None:
         raise InputError(missing)
-    _check_sweep(spec, sweep)
+    check_sweep(spec, sweep)
     check_number("batch_size", batch_size, integer=True, minimum=1)
     check_number("seed", seed, integer=True, minimum=0)
     mode = truncation_mode(truncation)
-    _check_model(model, output)
+    check_model(model, output)
     rank_and_world(distributed)  # distributed=True without a process group fails here
-    _check_target(spec.name, params, target)
+    check_target(spec.name, params, target)
     scalar = scalar_metric(metric, tokenizer, positions,
                            1 if isinstance(texts, str) else len(texts))
-    _check_metric(spec.name, params, output, scalar)
+    check_metric(spec.name, params, output, scalar)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
-    seq = _longest(model, tokenizer, corpus.texts, mode, max_length)
+    seq = longest_tokens(model, tokenizer, corpus.texts, mode, max_length)
     need = params.footprint(batch_size, len(corpus.texts), seq)
     if sweep is not None:  # the text batch repeated once per head: b texts x c heads rows
         n_units = len(sweep_units(scope, *attention_sizes(model), sweep))
         texts_per, units_per = forward_rows(batch_size, len(corpus.texts), n_units)
         need = Footprint(texts_per * units_per)
-    check_budget(model, spec.name, need, seq, _named(spec.params))
+    check_budget(model, spec.name, need, seq, option_names(spec.params))
     job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
               scope, Reader("classifier"), params, seed, target, batch_size,
               "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep,
               scalar)
     first = job.encode(corpus.texts[:1])
     with named_errors(job, "unperturbed forward"), torch.no_grad(), \
-            capture(model, scope, keep=False):
+            capture(model, scope, parts=[]):
         first_output = model(**first)
     if scalar is None:
         reader = pick_reader(model, output, first_output)

@@ -16,15 +16,15 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture import Site, capture
+from attnprobe.capture import Edit, Live, Site, capture
 from attnprobe.capture.text import Truncation, batch_spans, check_inputs, encode, model_inputs
+from attnprobe.core.autograd import gradients_reach
 from attnprobe.core.distributed import run_sharded
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
@@ -42,21 +42,6 @@ MetricFn = Callable[[Any, Inputs], Any]
 
 
 # ----------------------------------------------------------------------------- helpers
-@contextmanager
-def _gradients_reach_attention(model: nn.Module) -> Iterator[None]:
-    """Make every parameter require grad for the call (restored after), so the attention
-    weights are in the autograd graph even when the model is frozen. Gradients are taken with
-    ``torch.autograd.grad``, so no parameter's ``.grad`` is touched."""
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    try:
-        for p in frozen:
-            p.requires_grad_(True)
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
-
-
 def _query_rows(inputs: Inputs, site: Site, batch: int, n_query: int,
                 device: torch.device) -> torch.Tensor:
     """``[batch, query]`` bool: the real query rows of a site (padding rows are left out)."""
@@ -87,8 +72,8 @@ def _batch_importance(model: nn.Module, inputs: Inputs, loss_fn: LossFn
     """Per attention site, ``Σ_x |∂L(x)/∂ξ_h|`` over the examples of one batch: ``[head]``."""
     n = int(next(iter(inputs.values())).shape[0])
     totals: dict[Site, torch.Tensor] = {}
-    with torch.enable_grad(), _gradients_reach_attention(model):
-        with capture(model, keep=False, live=True) as cap:
+    with gradients_reach(model):
+        with capture(model, parts=[Live()]) as cap:
             output = model(**inputs)
         loss = _check_loss(loss_fn(output, inputs), n)
         if len(cap.live) != 1:
@@ -156,6 +141,15 @@ def head_importance(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str
     Raises:
         InputError: empty texts, a bad ``loss_fn`` result, no gradient reaching the
             attention, or a call inside ``torch.inference_mode()``.
+
+    Example:
+        >>> loss = similarity_loss("A cat sits on a rug.", model, tok)   # MiniLM embeds
+        >>> table = head_importance(model, tok, texts, loss)
+        >>> len(table), list(table.columns) == list(IMPORTANCE_COLUMNS)   # 6 layers × 12
+        (72, True)
+        >>> squares = table.groupby("layer")["importance"].apply(lambda s: (s ** 2).sum())
+        >>> bool(np.allclose(squares, 1.0))             # each layer scaled to unit ℓ2 norm
+        True
     """
     texts = check_inputs(texts)  # strings or token ids
     if torch.is_inference_mode_enabled():
@@ -195,6 +189,12 @@ def similarity_loss(reference_text: str, model: nn.Module, tokenizer: Any) -> Lo
 
     Returns:
         ``loss_fn(output, inputs) -> Tensor[batch]`` for :func:`head_importance`.
+
+    Example:
+        >>> loss = similarity_loss(texts[0], model, tok)   # the first text is the reference
+        >>> values = loss(model(**batch), batch)        # [batch]: 1 - cos
+        >>> values.shape, bool(values[0].abs() < 1e-5), bool(values[1] > 0)
+        (torch.Size([2]), True, True)
     """
     if not isinstance(reference_text, str) or not reference_text.strip():
         raise InputError("similarity_loss needs a non-empty reference text")
@@ -276,7 +276,7 @@ def pruned_outputs(model: nn.Module, inputs: Inputs, order: Sequence[tuple[int, 
     itself is never changed)."""
     for n in counts:
         layers, edit = _prune(order[:n])
-        with torch.no_grad(), capture(model, layers=layers, keep=False, edit=edit):
+        with torch.no_grad(), capture(model, layers=layers, parts=[Edit(edit)]):
             output = model(**inputs)
         yield n, output
 
@@ -309,6 +309,14 @@ def pruning_curve(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
         InputError: bad texts, an empty or repeating order, a layer or head out of range,
             a model with several attention stacks (layers would be ambiguous), bad ``steps``
             or a ``metric_fn`` that does not return a finite number.
+
+    Example:
+        >>> def copied(output, inputs):                 # the second copy, predicted
+        ...     return (output[0, 8:-1].argmax(-1) == inputs["input_ids"][0, 9:]).float().mean()
+        >>> curve = pruning_curve(lm, lm_tok, [prompt], copied, [(1, 0), (1, 1), (1, 2), (1, 3)])
+        >>> curve["n_pruned"].tolist(), curve["share_pruned"].tolist()   # of lm's 8 heads
+        ([0, 1, 2, 3, 4], [0.0, 0.125, 0.25, 0.375, 0.5])
+        >>> curve["metric"]                             # copying as layer 1 is pruned
     """
     texts = check_inputs(texts)  # strings or token ids
     order = _check_order(order)

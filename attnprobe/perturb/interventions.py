@@ -1,8 +1,9 @@
 """Attention interventions: small frozen parameter objects with one verb, and where they apply.
 
 Every intervention is a frozen dataclass registered in :data:`INTERVENTIONS` with a ``name``,
-a ``target`` (``"pattern"``: post-softmax weights ``[batch, head, query, key]``; ``"output"``:
-per-head outputs ``[batch, head, query, d_head]`` before the output projection) and one verb::
+what it ``acts_on`` (``"pattern"``: post-softmax weights ``[batch, head, query, key]``;
+``"output"``: per-head outputs ``[batch, head, query, d_head]`` before the output projection;
+:func:`edit_part` is the capture part that applies it there) and one verb::
 
     intervention(tensor, heads, generator=None, *, layer=None) -> tensor
 
@@ -33,10 +34,12 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
+from attnprobe.capture import Edit, EditOutput, Part
+from attnprobe.capture.rewrites import EditFn
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 
-Target = Literal["pattern", "output"]
+ActsOn = Literal["pattern", "output"]  # what an intervention edits
 
 __all__ = [
     "INTERVENTIONS",
@@ -48,6 +51,7 @@ __all__ = [
     "Uniform",
     "Zero",
     "describe",
+    "edit_part",
     "make_intervention",
 ]
 
@@ -57,7 +61,7 @@ class Intervention(Protocol):
     """A parameter object with one verb (see the module docstring)."""
 
     name: ClassVar[str]
-    target: ClassVar[Target]
+    acts_on: ClassVar[ActsOn]
 
     def __call__(self, tensor: torch.Tensor, heads: Sequence[int] | None,
                  generator: torch.Generator | None = None, *,
@@ -87,8 +91,27 @@ def make_intervention(name: str, **params: Any) -> Intervention:
     return cls(**params)
 
 
+# the capture part that runs an intervention's verb where it acts
+EDIT_PARTS: dict[str, type[Edit] | type[EditOutput]] = {"pattern": Edit, "output": EditOutput}
+
+
+def edit_part(intervention: Intervention, fn: EditFn) -> Part:
+    """The capture part that applies ``fn(layer, tensor) -> tensor`` (a wrapper of
+    ``intervention``'s verb) to what the intervention acts on: ``Edit(fn)`` for weights,
+    ``EditOutput(fn)`` for per-head outputs."""
+    return EDIT_PARTS[intervention.acts_on](fn)
+
+
 def describe(intervention: Intervention) -> dict[str, Any]:
-    """JSON-friendly parameters (tensors as their shape), e.g. for tidy parameter columns."""
+    """JSON-friendly parameters (tensors as their shape), e.g. for tidy parameter columns.
+
+    Example:
+        >>> describe(make_intervention("dirichlet", alpha=0.5))
+        {'alpha': 0.5}
+        >>> means = {0: torch.zeros(12, 32), 1: torch.zeros(12, 32)}   # [head, d_head]
+        >>> describe(make_intervention("mean", means=means))        # a mapping by its size
+        {'means': '2 layers'}
+    """
     out: dict[str, Any] = {}
     for f in fields(intervention):  # type: ignore[arg-type]
         value = getattr(intervention, f.name)
@@ -103,7 +126,7 @@ def describe(intervention: Intervention) -> dict[str, Any]:
 class _Base:
     """Shared plumbing: head selection and putting edited heads back."""
 
-    target: ClassVar[Target] = "pattern"
+    acts_on: ClassVar[ActsOn] = "pattern"
 
     def check(self, layers: Sequence[int], n_heads: int) -> None:
         """Raise InputError when the intervention cannot act on these layers (before a forward)."""
@@ -296,14 +319,14 @@ class Mean(_Base):
     """Mean-ablation (TransformerLens convention): each head's output replaced by a reference
     mean output, ``means[layer][head]`` (``[head, d_head]`` per layer), at every query.
 
-    Acts on per-head outputs (``target = "output"``), so it needs transformers' attention
+    Acts on per-head outputs (``acts_on = "output"``), so it needs transformers' attention
     function (``capture(edit_output=...)``); compute ``means`` with
     :func:`attnprobe.perturb.context.head_output_means`.
     """
 
     means: Mapping[int, torch.Tensor] = field(default_factory=dict)
     name: ClassVar[str] = "mean"
-    target: ClassVar[Target] = "output"
+    acts_on: ClassVar[ActsOn] = "output"
 
     def __post_init__(self) -> None:
         if not isinstance(self.means, Mapping) or not self.means:

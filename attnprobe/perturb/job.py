@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnprobe.capture import capture
+from attnprobe.capture import Keep, capture
 from attnprobe.capture.text import Text, encode, model_inputs
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.registry import Registry
@@ -199,7 +199,7 @@ def clean_output(job: Job, inputs: Mapping[str, torch.Tensor], *, keep: bool = F
                  rows: Sequence[int] | None = None) -> tuple[torch.Tensor, Any]:
     """What is compared of the unperturbed output (:meth:`Job.read`), through the capture seam
     (as the perturbed forwards), and the capture (``keep``: the scoped heads' maps)."""
-    with torch.no_grad(), capture(job.model, job.scope, keep=keep) as cap:
+    with torch.no_grad(), capture(job.model, job.scope, parts=[Keep()] if keep else []) as cap:
         output = job.model(**inputs)
     return job.read(output, inputs, rows), cap
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnprobe.capture import capture
+from attnprobe.capture import Part, capture
 from attnprobe.capture.info import causal_of
 from attnprobe.capture.text import batch_spans
 from attnprobe.errors import EditNotAppliedError, InputError
@@ -110,8 +110,8 @@ class _UnitKnockout:
     units: Sequence[Unit]
 
     @property
-    def kwargs(self) -> dict[str, Any]:
-        return {"parts": [self.masks.part]}
+    def parts(self) -> list[Part]:
+        return [self.masks.part]
 
     @property
     def changed(self) -> list[bool]:

@@ -47,13 +47,25 @@ def _out_dtype(p: torch.Tensor) -> torch.dtype:
 
 
 def decision_flip(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Whether the argmax class differs (bool ``[...]``); works on logits or probabilities."""
+    """Whether the argmax class differs (bool ``[...]``); works on logits or probabilities.
+
+    Example:
+        >>> before = torch.tensor([[2.0, 1.0], [0.0, 3.0]])   # [batch, classes]
+        >>> decision_flip(before, torch.tensor([[1.0, 2.0], [0.0, 1.0]]))
+        tensor([ True, False])
+    """
     p, q = _pair(p, q, "decision_flip")
     return p.argmax(-1) != q.argmax(-1)
 
 
 def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``1 − cos(a, b)`` over the last axis (embeddings) -> ``[...]``; 0 for equal vectors."""
+    """``1 − cos(a, b)`` over the last axis (embeddings) -> ``[...]``; 0 for equal vectors.
+
+    Example:
+        >>> a = torch.tensor([[1.0, 0.0], [0.0, 2.0]])        # [batch, dim]
+        >>> cosine_distance(a, torch.tensor([[0.0, 1.0], [0.0, 5.0]]))  # orthogonal; parallel
+        tensor([1., 0.])
+    """
     a, b = _pair(a, b, "cosine_distance")
     sim = F.cosine_similarity(a.double(), b.double(), dim=-1)
     return (1.0 - sim).clamp(min=0.0).to(_out_dtype(a))
@@ -91,6 +103,15 @@ def logit_change(before: torch.Tensor, after: torch.Tensor, token: int | torch.T
     """``after − before`` logit of ``token`` (int or ``[batch]``) at ``position`` -> ``[batch]``.
 
     ``before`` / ``after``: LM logits ``[batch, vocab]`` or ``[batch, seq, vocab]``.
+
+    Example:
+        >>> before = torch.zeros(2, 3, 5)               # [batch, seq, vocab]
+        >>> after = before.clone()
+        >>> after[:, -1, 4] = 1.5                       # token 4 gains 1.5 at the last position
+        >>> logit_change(before, after, 4)              # [batch]
+        tensor([1.5000, 1.5000])
+        >>> logit_change(before, after, 4, position=0)
+        tensor([0., 0.])
     """
     before, after = _pair(before, after, "logit_change")
     b, a = _at(before, position), _at(after, position)
@@ -100,7 +121,14 @@ def logit_change(before: torch.Tensor, after: torch.Tensor, token: int | torch.T
 
 def prob_change(before: torch.Tensor, after: torch.Tensor, token: int | torch.Tensor, *,
                 position: int | torch.Tensor = -1) -> torch.Tensor:
-    """``after − before`` softmax probability of ``token`` at ``position`` -> ``[batch]``."""
+    """``after − before`` softmax probability of ``token`` at ``position`` -> ``[batch]``.
+
+    Example:
+        >>> before = torch.zeros(1, 4)                  # [batch, vocab]: uniform, 1/4 each
+        >>> after = torch.tensor([[0.0, 0.0, 0.0, -float("inf")]])   # token 3 out: 1/3 each
+        >>> prob_change(before, after, 0)               # 1/3 - 1/4
+        tensor([0.0833])
+    """
     before, after = _pair(before, after, "prob_change")
     b = _at(before, position).double().softmax(-1)
     a = _at(after, position).double().softmax(-1)
@@ -114,6 +142,18 @@ def attention_jsd(before: torch.Tensor, after: torch.Tensor,
 
     Rows that count: ``query_valid`` (bool, broadcastable to ``[..., query]``) when given, and
     only rows of ``before`` that hold weight (a padding-stripped map has no others).
+
+    Example:
+        >>> own = torch.eye(4)[None]            # [head, query, key]: each row on its own key
+        >>> attention_jsd(own, own.roll(1, dims=-1))    # every row moved elsewhere: ln 2
+        tensor([0.6931])
+        >>> attention_jsd(amap.pattern, amap.pattern)   # [layer, head]
+        tensor([[0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.],
+                [0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.]])
     """
     before, after = _pair(before, after, "attention_jsd")
     if before.ndim < 2:
@@ -140,6 +180,14 @@ def output_change(kind: OutputKind, before: torch.Tensor, after: torch.Tensor, *
       ``tvd``, ``jsd``, ``flip`` of the next-token distribution, plus ``logit_change`` and
       ``prob_change`` of ``token`` (default: the token ``before`` ranks first).
     - ``"embedding"``: vectors ``[batch, dim]`` -> ``cosine_distance`` and ``l2_distance``.
+
+    Example:
+        >>> before = torch.tensor([[2.0, 0.0]])         # [batch, classes]
+        >>> change = output_change("classifier", before, before.flip(-1))  # classes swapped
+        >>> change["flip"], change["tvd"]               # tvd = |p₁ - q₁| = tanh(1)
+        (tensor([1.]), tensor([0.7616]))
+        >>> sorted(output_change("lm", torch.zeros(2, 3, 5), torch.zeros(2, 3, 5)))
+        ['flip', 'jsd', 'logit_change', 'prob_change', 'tvd']
     """
     if kind not in OUTPUT_KINDS:
         raise InputError(f"unknown output kind {kind!r}; choose one of "

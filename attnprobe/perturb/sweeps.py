@@ -32,12 +32,13 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from attnprobe.capture import capture
+from attnprobe.capture import Part, capture
 from attnprobe.capture import hf as hf_seam
 from attnprobe.capture.info import attention_sizes
 from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, InputError
+from attnprobe.perturb.interventions import edit_part
 from attnprobe.perturb.job import SWEEPS, Job, Row, clean_output, named_errors, rows_of
 
 __all__ = ["Unit", "UnitForward", "UnitPerturbation", "forward_rows", "sweep_rows",
@@ -81,11 +82,11 @@ def forward_rows(batch_size: int, n_texts: int, n_units: int) -> tuple[int, int]
 
 
 class UnitForward(Protocol):
-    """One batched forward of a sweep: the capture keywords (:func:`attnprobe.capture`) that
+    """One batched forward of a sweep: the capture parts (:func:`attnprobe.capture`) that
     apply each unit to its copy of the text batch, and, after the forward, whether each unit
     changed anything."""
 
-    kwargs: dict[str, Any]
+    parts: list[Part]
     changed: list[bool]
 
 
@@ -117,8 +118,7 @@ class _UnitEdit:
         self.units = list(units)
         self.texts = texts
         self.changed = [False] * len(self.units)
-        kind = "edit_output" if intervention.target == "output" else "edit"
-        self.kwargs: dict[str, Any] = {"keep": False, kind: self}
+        self.parts = [edit_part(intervention, self)]
 
     def __call__(self, layer: int, tensor: torch.Tensor) -> torch.Tensor:
         mine = [(k, u) for k, u in enumerate(self.units) if u.layer == layer]
@@ -149,7 +149,7 @@ class _EachUnit:
         return self.intervention.name
 
     def check(self, job: Job, units: Sequence[Unit]) -> None:
-        if self.intervention.target == "output" and not hf_seam.is_hf_model(job.model):
+        if self.intervention.acts_on == "output" and not hf_seam.is_hf_model(job.model):
             raise InputError(f"{self.name} replaces per-head outputs inside transformers' "
                              f"attention function; {type(job.model).__name__} is not a "
                              "transformers model")
@@ -213,7 +213,7 @@ def unit_rows(job: Job, perturbation: UnitPerturbation, params: dict[str, Any]) 
         with named_errors(job, where):
             applied = perturbation.forward(chunk, ids, inputs)
             try:
-                with torch.no_grad(), capture(job.model, scope, **applied.kwargs):
+                with torch.no_grad(), capture(job.model, scope, parts=applied.parts):
                     output = job.model(**copies)
             except EditNotAppliedError:
                 raise perturbation.unchanged(chunk, where, None) from None

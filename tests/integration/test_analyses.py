@@ -80,7 +80,8 @@ def test_bench_attribution_smoke(tmp_path, monkeypatch):
 NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_"))
 OWN_TESTS = ("bench_attribution", "bench_capture", "bench_causal", "bench_census", "bench_flow",
              "bench_perturb", "finetune_diff", "head_census", "induction_circuit", "long_context",
-             "perturbation_studies", "rollout_trend")  # their own tests below
+             "perturbation_studies", "rollout_trend",  # their own tests below
+             "bench_patch")  # tests/analyses/test_bench_patch.py
 
 
 @pytest.mark.parametrize("name", NAMES)

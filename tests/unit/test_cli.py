@@ -14,7 +14,7 @@ import pytest
 import attnprobe
 from attnprobe import load_maps
 from attnprobe.cli import main
-from tests.helpers import bert_tokenizer, bert_vocab, run_cli, tiny_bert
+from tests.helpers import fresh_python, run_cli, saved_tiny_bert
 
 
 def test_models_lists_reference_models_and_families(capsys):
@@ -100,7 +100,7 @@ sys.meta_path.insert(0, HoldImport())
 
 @pytest.mark.parametrize(("command", "held"), [
     ("script", "torch"),  # while `import attnprobe` loads torch
-    ("module", "attnprobe.commands.census"),  # while the command modules load
+    ("module", "attnprobe.commands.heads"),  # while the command modules load
 ])
 def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(command, held, tmp_path):
     # a traceback through the imports and exit -2 (killed by SIGINT) before
@@ -133,9 +133,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(command, held,
 def test_importing_attnprobe_in_a_script_leaves_ctrl_c_to_python():
     code = ("import signal, attnprobe, attnprobe.cli; "
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True)
-    assert found.stdout.strip() == "True"
+    assert fresh_python(code) == "True"
 
 
 @pytest.mark.parametrize("argv", [
@@ -287,12 +285,7 @@ def test_ctrl_c_while_writing_exits_130_and_keeps_the_old_file(tmp_path, capsys,
 # ------------------------------------------------------------------ messages (fault 9)
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
-    """A saved tiny BERT whose tokenizer adds [CLS] and [SEP]."""
-    folder = tmp_path_factory.mktemp("bert")
-    vocab = bert_vocab()
-    tiny_bert(vocab).save_pretrained(folder)
-    bert_tokenizer(vocab).save_pretrained(folder)
-    return str(folder)
+    return saved_tiny_bert(tmp_path_factory.mktemp("bert"))
 
 
 def test_max_length_below_the_special_tokens_says_it_cannot_be_cut(bert_dir, tmp_path, capsys):

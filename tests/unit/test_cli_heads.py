@@ -210,7 +210,7 @@ def test_heads_syntax_parses_text_with_spacy(tiny_bert, tmp_path, capsys):
 def test_syntax_table_has_every_relation_with_its_count(tiny_bert, conllu, tmp_path, capsys):
     out = tmp_path / "syntax.csv"
     code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
-                              "--out", str(out), "--quiet"], capsys)
+                              "--min-count", "1", "--out", str(out), "--quiet"], capsys)
     assert code == 0, err
     table = pd.read_csv(out)
     expected = relation_counts(CONLLU)
@@ -244,12 +244,29 @@ def test_syntax_min_count_and_from_agg(tiny_bert, conllu, tmp_path, capsys):
     assert set(table.relation) == expected and (table["count"] >= 2).all()
 
 
+def test_syntax_leaves_out_relations_rarer_than_the_labels_need_by_default(
+        tiny_bert, conllu, tmp_path, capsys):
+    """One constant: the syntax command, Census.syntax() and the labels all need MIN_COUNT
+    words per relation unless told otherwise."""
+    from attnprobe.heads.head_census import MIN_COUNT
+
+    out = tmp_path / "syntax.csv"
+    code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
+                              "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    counts = relation_counts(CONLLU)
+    assert max(counts.values()) < MIN_COUNT == 20  # every relation of the 3 trees is rarer
+    assert list(pd.read_csv(out).relation) == ["all"]
+    assert printed.splitlines()[-1] == (f"{len(counts)} relations with fewer than 20 words "
+                                        "left out (--min-count 1 lists every one)")
+
+
 def test_skip_long_lists_the_skipped_sentences(tiny_bert, conllu, tmp_path, capsys):
     out = tmp_path / "syntax.csv"
     # s2 has 9 words (11 tokens with [CLS]/[SEP]); s1 and s3 have 7 (9 tokens)
     code, printed, err = run(["syntax", "--model", tiny_bert, "--conllu", str(conllu),
                               "--max-length", "10", "--skip-long", "--quiet",
-                              "--out", str(out)], capsys)
+                              "--min-count", "1", "--out", str(out)], capsys)
     assert code == 0, err
     assert "skipped 1 sentence longer" in err and "s2" in err and err.count("\n") == 1
     assert printed.startswith("2 sentences (1 skipped)")
@@ -311,7 +328,8 @@ def test_minilm_syntax_from_text(tmp_path, capsys):
     texts = ["The cat chased a small mouse.", "We saw the house."]
     out = tmp_path / "syntax.csv"
     code, printed, err = run(["syntax", "--model", "minilm", *itertools.chain.from_iterable(
-        ("--text", t) for t in texts), "--quiet", "--out", str(out)], capsys)
+        ("--text", t) for t in texts), "--min-count", "1", "--quiet", "--out", str(out)],
+        capsys)
     assert code == 0, err
     table = pd.read_csv(out)
     counts = Counter(rel for tree in parse(texts) for rel, head in

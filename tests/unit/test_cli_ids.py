@@ -9,7 +9,7 @@ import pytest
 
 import attnprobe as ap
 from attnprobe import load_maps
-from tests.helpers import bert_tokenizer, bert_vocab, run_cli, tiny_bert
+from tests.helpers import run_cli, saved_tiny_bert
 
 MODEL = "ref:transformer"  # its WordTokenizer puts [BOS] (id 2) first
 
@@ -84,11 +84,7 @@ def test_ids_cannot_be_mixed_with_trees(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bert")
-    vocab = bert_vocab()
-    tiny_bert(vocab).save_pretrained(folder)
-    bert_tokenizer(vocab).save_pretrained(folder)
-    return str(folder)
+    return saved_tiny_bert(tmp_path_factory.mktemp("bert"))
 
 
 @pytest.mark.parametrize("invisible", ["\u200b", "\ufeff", "\u0301", "\x01"])

@@ -4,6 +4,7 @@ summary on stdout, one-line errors with exit code 2."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -99,3 +100,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     last = err.strip().splitlines()[-1]  # after the progress bar, when a forward ran
     assert last.startswith("attnprobe: error:") and message in last, err
     assert not (tmp_path / "t.csv").exists()
+
+
+@pytest.mark.parametrize("command", ["patch", "report"])
+def test_help_names_the_experiments_of_each_option_once(capsys, command):
+    """``--receivers`` used to read "path: path: the receiver heads"."""
+    from attnprobe.patch import EXPERIMENTS, params_of
+
+    code, printed, _ = run([command, "--help"], capsys)
+    assert code == 0
+    flat = " ".join(printed.split())
+    assert "path: the receiver heads (a scope; required) (default none)" in flat
+    assert "--senders SCOPE path: the sender heads (a scope) (default all)" in flat
+    for name in EXPERIMENTS.names():
+        assert f"{name}: {name}:" not in flat, name
+        assert f"/{name}: {name}:" not in flat, name
+    assert all(not f.metadata["help"].startswith(f"{name}:")
+               for name in EXPERIMENTS.names() for f in fields(params_of(name)))

@@ -170,8 +170,8 @@ def test_help_has_examples(capsys):
     # every option of every experiment's parameter dataclass is a flag that names its owner
     from dataclasses import fields
 
+    from attnprobe.core.options import option_flag
     from attnprobe.perturb import EXPERIMENTS, params_of
-    from attnprobe.perturb.params import option_flag
 
     flat = " ".join(printed.split())
     for name in EXPERIMENTS.names():

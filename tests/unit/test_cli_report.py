@@ -55,6 +55,11 @@ def test_report_from_saved_maps(tmp_path, capsys):
     page = out.read_text(encoding="utf-8")
     assert 'id="sec-attention"' in page and "cat" in page
     assert main(["report", "--maps", str(maps), "--text", "x", "--out", str(out)]) == 2
+    corrupt = tmp_path / "corrupt.txt"
+    corrupt.write_text("The dog sat.\n", encoding="utf-8")
+    assert main(["report", "--maps", str(maps), "--corrupt-file", str(corrupt),
+                 "--out", str(out)]) == 2
+    assert "--corrupt-file" in capsys.readouterr().err.splitlines()[-1]
 
 
 # ---------------------------------------------------------------------------- causal models
@@ -109,3 +114,69 @@ def test_report_causal_errors_are_one_line(args, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
     assert not (tmp_path / "r.html").exists()
+
+
+# ---------------------------------------------------------------------------- causal sections
+CLEAN = ["t01 t02 t03 t04 t01 t02 t03", "t05 t06 t07 t05 t06 t07 t05"]
+CORRUPTED = ["t11 t12 t13 t14 t01 t02 t03", "t15 t16 t17 t18 t06 t07 t05"]
+
+
+def _files(tmp_path, corrupt=CORRUPTED):
+    clean, bad = tmp_path / "clean.txt", tmp_path / "corrupt.txt"
+    clean.write_text("\n".join(CLEAN) + "\n", encoding="utf-8")
+    bad.write_text("\n".join(corrupt) + "\n", encoding="utf-8")
+    return str(clean), str(bad)
+
+
+def test_report_with_a_corrupt_file_adds_patching_to_the_causal_sections(tmp_path, capsys):
+    import attnprobe as ap
+    from attnprobe.patch import summary
+
+    clean, corrupt = _files(tmp_path)
+    out = tmp_path / "report.html"
+    assert main(["report", "--model", "ref:induction", "--text-file", clean, "--corrupt-file",
+                 corrupt, "--metric-positions", "all", "--site", "v", "--no-composition",
+                 "--out", str(out), "--quiet"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert 'id="sec-logit-attribution"' in page and 'id="sec-patching"' in page
+    assert 'id="sec-composition"' not in page
+    # the patching section shows ap.patch.heads of the pairs, with the flags' options
+    model, tok = ap.load_model("ref:induction")
+    table = ap.patch.heads(model, tok, CLEAN, CORRUPTED, "logit:next", site="v",
+                           metric_positions="all")
+    effect = summary(table).set_index(["layer", "head"])["effect"]
+    assert len(effect) == 8
+    for (layer, head), value in effect.items():  # each head's cell, its mean effect
+        assert f"L{layer}H{head}: effect {float(value):.4g} (" in page
+    assert "heads v (denoising), logit:next" in page
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--site", "k"], "--site applies to patching: give --corrupt-file"),
+    (["--metric", "logit:t01"], "--metric applies to patching"),
+    ("corrupt", "1 corrupted input(s) for 2 text(s)"),
+    ("corrupt+receivers", "--receivers applies to --patch path, not heads"),
+    ("corrupt+path", "path patching needs receivers"),
+])
+def test_report_patching_errors_are_one_line(args, message, tmp_path, capsys):
+    clean, corrupt = _files(tmp_path, CORRUPTED[:1] if args == "corrupt" else CORRUPTED)
+    argv = ["report", "--model", "ref:induction", "--text-file", clean,
+            "--out", str(tmp_path / "r.html"), "--quiet"]
+    extra = {"corrupt": ["--corrupt-file", corrupt],
+             "corrupt+receivers": ["--corrupt-file", corrupt, "--receivers", "layer:1"],
+             "corrupt+path": ["--corrupt-file", corrupt, "--patch", "path"]}
+    assert main(argv + (extra[args] if isinstance(args, str) else args)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnprobe: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_refuses_to_overwrite_the_corrupt_file(tmp_path, capsys):
+    clean, _ = _files(tmp_path)
+    corrupt = tmp_path / "corrupt.html"  # a page name: only the input check can refuse it
+    corrupt.write_text("\n".join(CORRUPTED) + "\n", encoding="utf-8")
+    assert main(["report", "--model", "ref:induction", "--text-file", clean, "--corrupt-file",
+                 str(corrupt), "--out", str(corrupt)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnprobe: error:") and "--corrupt-file" in err
+    assert corrupt.read_text(encoding="utf-8").splitlines() == CORRUPTED

@@ -8,7 +8,9 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 from torch import nn
 
 import attnprobe as ap
@@ -90,3 +92,13 @@ def test_a_frozen_model_is_left_frozen(induction):
     assert table["effect"].abs().max() > 0
     assert not any(p.requires_grad for p in frozen.parameters())
     assert all(p.grad is None for p in frozen.parameters())
+
+
+def test_a_caller_under_no_grad_gets_the_same_estimate(linear):
+    model, tok, clean, corrupt, positions = linear
+    options = dict(scope="layer:1", metric_positions=positions)
+    free = ap.patch.attribution(model, tok, clean, corrupt, "logit:next", **options)
+    with torch.no_grad():  # e.g. a benchmark or a notebook cell wrapped in no_grad
+        inside = ap.patch.attribution(model, tok, clean, corrupt, "logit:next", **options)
+        assert not torch.is_grad_enabled()  # the caller's mode is back
+    pd.testing.assert_frame_equal(inside, free)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import inspect
 import pkgutil
-import subprocess
-import sys
 
 import pytest
 
 import attnprobe as ap
+from tests.helpers import fresh_python
 
 SHARED = {"batch_size": 16, "truncation": "error", "seed": 0, "progress": False,
           "distributed": None, "metric_positions": "last", "pairs": None, "max_length": None}
@@ -31,9 +30,7 @@ def test_experiments_share_the_corpus_options(fn):
 def test_the_package_loads_on_first_use_and_names_no_submodule():
     code = ("import sys, attnprobe as ap; assert 'patch' in dir(ap); "
             "print('attnprobe.patch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
+    assert fresh_python(code) == "False"
     modules = {m.name for m in pkgutil.iter_modules(ap.patch.__path__)}
     assert not set(ap.patch.__all__) & modules
     assert callable(ap.patch.heads) and set(ap.patch.EXPERIMENTS) == {

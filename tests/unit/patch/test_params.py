@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 import attnprobe as ap
-from attnprobe.patch.params import Params, cli_options, option
+from attnprobe.core.options import cli_options
+from attnprobe.patch.params import Params, option
 
 
 @dataclass(frozen=True)

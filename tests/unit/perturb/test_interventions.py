@@ -179,7 +179,7 @@ def test_mean_replaces_head_outputs():
         Mean()
     with pytest.raises(InputError, match="NaN"):
         Mean({0: torch.full((4, 2), float("nan"))})
-    assert Mean.target == "output" and Permute.target == "pattern"
+    assert Mean.acts_on == "output" and Permute.acts_on == "pattern"
 
 
 def test_registry_and_make_intervention():

@@ -13,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from attnprobe.core.options import cli_options, option_flag
 from attnprobe.errors import InputError
 from attnprobe.models import build_reference
 from attnprobe.perturb import EXPERIMENTS, Params, params_of, run
 from attnprobe.perturb.experiments import reads_target
-from attnprobe.perturb.params import cli_options, option, option_flag
+from attnprobe.perturb.params import option
 from tests.conftest import track
 
 TEXTS = ["the cat sat on the red mat", "a dog ran to the big tree"]

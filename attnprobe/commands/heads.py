@@ -1,4 +1,5 @@
-"""``attnprobe heads`` and ``attnprobe syntax``: the head census from the command line."""
+"""``attnprobe heads`` and ``attnprobe syntax``: the head census from the command line (the
+per-head table, and the per-relation syntax table of the same census)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ def cmd_syntax(args: argparse.Namespace) -> int:
         table = result.syntax(args.min_count)
         write_table(table, out)
         wrote(args, f"{len(table)} relations", out)
+        rarer = len(result.syntax(1)) - len(table)
         columns = ["relation", "head_id", "accuracy", "baseline", "margin", "count"]
         if table[["stack", "kind"]].drop_duplicates().shape[0] > 1:  # encoder-decoder
             columns = ["stack", "kind", *columns]
@@ -110,6 +112,9 @@ def cmd_syntax(args: argparse.Namespace) -> int:
             with pd.option_context("display.width", 120, "display.max_rows", None,
                                    "display.float_format", "{:.3f}".format):
                 print(table[columns].to_string(index=False))
+        if rarer:
+            print(f"{count_noun(rarer, 'relation')} with fewer than {args.min_count} words "
+                  "left out (--min-count 1 lists every one)")
     return 0
 
 
@@ -130,19 +135,20 @@ Under torchrun:
   torchrun --nproc-per-node 2 -m attnprobe.cli heads --distributed --text-file s.txt --out h.csv
 """
 SYNTAX_EXAMPLE = """examples:
-  attnprobe syntax --model minilm --conllu en_ewt-ud-dev.conllu --min-count 20 --out syntax.csv
-  attnprobe syntax --model minilm --text "The cat chased a small mouse." --out syntax.csv
+  attnprobe syntax --model minilm --conllu en_ewt-ud-dev.conllu --out syntax.csv
+  attnprobe syntax --model minilm --text "The cat chased a small mouse." --min-count 1 \\
+      --out syntax.csv
 
-Writes one row per relation (plus 'all', every non-root word): the best head and direction,
-its accuracy, the best fixed-offset baseline (baseline, baseline_offset), margin = accuracy -
-baseline, and count (words with the relation). Text is parsed with spaCy (spaCy labels).
+Writes one row per relation of at least --min-count words (plus 'all', every non-root word):
+the best head and direction, its accuracy, the best fixed-offset baseline (baseline,
+baseline_offset), margin = accuracy - baseline, and count (words with the relation). Text is
+parsed with spaCy (spaCy labels).
 """
-
-
 
 
 def register(sub: Any) -> None:
     """Add ``heads`` and ``syntax`` to the ``attnprobe`` sub-command parsers."""
+    from attnprobe.heads.head_census import MIN_COUNT
     from attnprobe.heads.labels import PRECEDENCE, RULES
 
     heads = sub.add_parser("heads", help="label every head from its scores over a corpus",
@@ -179,8 +185,9 @@ def register(sub: Any) -> None:
     _census_args(syntax)
     syntax.add_argument("--out", default="syntax.csv",
                         help="per-relation table: .csv, .parquet or .json (default syntax.csv)")
-    syntax.add_argument("--min-count", type=positive, default=1,
-                        help="leave out relations with fewer words (default 1)")
+    syntax.add_argument("--min-count", type=positive, default=MIN_COUNT,
+                        help=f"leave out relations with fewer words (default {MIN_COUNT}, "
+                             "as the syntax labels and the report)")
     syntax.add_argument("--from-agg", choices=("mean", "first", "max"), default="mean",
                         help="attention from a word split into pieces: mean (default), "
                              "first piece, or max over its pieces")
