@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import pandas as pd
 import torch
@@ -14,14 +14,14 @@ from torch import nn
 from attnprobe.capture import discovery, hf, hooks
 from attnprobe.capture.assemble import Stacked, batch_patterns, build_maps, stack_calls
 from attnprobe.capture.calls import BatchPatterns, StopForward
+from attnprobe.capture.flags import Flags, given_flags, parts_from_flags
 from attnprobe.capture.info import model_info
-from attnprobe.capture.parts import Keep, Live, Part, Reduce, Scores, Values
+from attnprobe.capture.parts import Part
 from attnprobe.capture.recorder import Recorder
-from attnprobe.capture.rewrites import Edit, EditFn, EditOutput
 from attnprobe.capture.sites import Site
 from attnprobe.capture.steps import cache_rows
 from attnprobe.core.display import counted, describe, indices
-from attnprobe.core.reducers import Reducer, Tally
+from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
@@ -168,43 +168,14 @@ def _causal(model: nn.Module, sites: Sequence[Site]) -> bool | None:
     return any(flags) if flags else None
 
 
-def _parts_from_flags(*, keep: bool | None, reducers: Sequence[Reducer] | None,
-                      query_block: int | None, edit: EditFn | None,
-                      edit_output: EditFn | None, live: bool, values: bool,
-                      scores: bool) -> list[Part]:
-    """The parts the keyword flags of :func:`capture` ask for (``keep`` defaults to True)."""
-    if query_block is not None and not reducers:
-        raise InputError("query_block applies to streaming reducers; pass reducers=[...] too")
-    parts: list[Part] = []
-    if edit is not None:
-        parts.append(Edit(edit))
-    if edit_output is not None:
-        parts.append(EditOutput(edit_output))
-    if keep is None or keep:
-        parts.append(Keep())
-    if reducers:
-        parts.append(Reduce(reducers, query_block))
-    if live:
-        parts.append(Live())
-    if values:
-        parts.append(Values())
-    if scores:
-        parts.append(Scores())
-    return parts
-
-
-_FLAG_DEFAULTS = dict(keep=None, reducers=None, query_block=None, edit=None, edit_output=None,
-                      live=False, values=False, scores=False)
-
-
 def _chosen_parts(parts: Sequence[Part] | None, flags: dict[str, Any],
                   seams: Sequence[str]) -> list[Part]:
     """The capture's parts, checked before any forward: parts or flags (not both), each a
     part the seam serves, each given once, each next to the parts it needs."""
     if parts is None:
-        chosen = _parts_from_flags(**flags)
+        chosen = parts_from_flags(flags)
     else:
-        given = [name for name, value in flags.items() if value is not _FLAG_DEFAULTS[name]]
+        given = given_flags(flags)
         if given:
             raise InputError(f"give parts=[...] or the keyword flags ({', '.join(given)}), "
                              "not both")
@@ -274,15 +245,13 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
             layers: Sequence[int] | int | None = None,
             heads: Sequence[int] | int | None = None, paths: Sequence[str] | None = None,
             tokenizer: Any = None, example_ids: Sequence[str] | None = None,
-            stop_early: bool = False, keep: bool | None = None,
-            reducers: Sequence[Reducer] | None = None, query_block: int | None = None,
-            edit: EditFn | None = None, edit_output: EditFn | None = None, live: bool = False,
-            values: bool = False, scores: bool = False) -> Iterator[Capture]:
+            stop_early: bool = False, **flags: Unpack[Flags]) -> Iterator[Capture]:
     """Capture (and optionally edit) attention of every forward run inside the context.
 
     The core is a model and a scope; what happens to the weights is a list of parts
-    (:mod:`attnprobe.capture.parts`), given as ``parts=[...]`` or through the keyword flags
-    below (``keep=True`` alone by default).
+    (:mod:`attnprobe.capture.parts`), given as ``parts=[...]``. The keyword flags below are
+    a shorthand that builds the parts (:mod:`attnprobe.capture.flags`); without either, the
+    capture keeps the maps (``[Keep()]``).
 
     Args:
         model: a transformers model (any attention backend, SDPA included), an attnprobe
@@ -300,22 +269,22 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
             (e.g. skip the last layer's feed-forward): for analyses of attention only. The
             forward call then returns no output — the statement after it inside the ``with``
             block does not run — and the context exits normally.
-        keep: :class:`~attnprobe.capture.parts.Keep` — keep the maps (``cap.maps``);
-            default True unless ``parts`` are given.
-        reducers / query_block: :class:`~attnprobe.capture.parts.Reduce` — streaming
-            statistics (``cap.tally``); with ``keep=False`` on blocks of query rows, so memory
-            stays flat for long inputs.
-        edit: :class:`~attnprobe.capture.parts.Edit` — ``edit(layer, pattern) -> pattern``
-            between the softmax and the values, on a copy (editing it in place and returning
-            it works); only the scope's heads take the result, and the context checks it
-            changed something.
-        edit_output: :class:`~attnprobe.capture.parts.EditOutput` — ``edit_output(layer,
-            output) -> output`` on per-head outputs ``[batch, head, query, d_head]``.
-        live: :class:`~attnprobe.capture.parts.Live` — weights in the autograd graph
-            (``cap.live``), e.g. for attention × gradient.
-        values: :class:`~attnprobe.capture.parts.Values` — value vectors (``cap.values``).
-        scores: :class:`~attnprobe.capture.parts.Scores` — pre-softmax scores
-            (``AttentionMap.scores``; hook-point models).
+        **flags: shorthand for ``parts``, one part each (:mod:`attnprobe.capture.flags`):
+            ``keep`` (:class:`~attnprobe.capture.parts.Keep`: the maps, ``cap.maps``;
+            default True unless ``parts`` are given); ``reducers`` / ``query_block``
+            (:class:`~attnprobe.capture.parts.Reduce`: streaming statistics, ``cap.tally``;
+            with ``keep=False`` on blocks of query rows, so memory stays flat for long
+            inputs); ``edit`` (:class:`~attnprobe.capture.rewrites.Edit`: ``edit(layer,
+            pattern) -> pattern`` between the softmax and the values, on a copy — editing it
+            in place and returning it works; only the scope's heads take the result, and the
+            context checks it changed something); ``edit_output``
+            (:class:`~attnprobe.capture.rewrites.EditOutput`: ``edit_output(layer, output)
+            -> output`` on per-head outputs ``[batch, head, query, d_head]``); ``live``
+            (:class:`~attnprobe.capture.parts.Live`: weights in the autograd graph,
+            ``cap.live``, e.g. for attention × gradient); ``values``
+            (:class:`~attnprobe.capture.parts.Values`: value vectors, ``cap.values``);
+            ``scores`` (:class:`~attnprobe.capture.parts.Scores`: pre-softmax scores,
+            ``AttentionMap.scores``; hook-point models).
 
     Yields:
         A :class:`Capture`, filled when the context exits without error.
@@ -324,6 +293,7 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         InputError: before any forward, for a scope out of range, a part the model's seam
             cannot serve (e.g. ``values=True`` on a reference model), a part given twice, or
             ``parts=`` together with the flags.
+        TypeError: a keyword that is neither a parameter nor a flag.
 
     A capture takes only the forwards run in the thread that opened it, so captures of one
     model in several threads (overlapping in any order) each see their own; the model's
@@ -335,8 +305,6 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         ...     model(**batch)
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
-    flags = dict(keep=keep, reducers=reducers, query_block=query_block, edit=edit,
-                 edit_output=edit_output, live=live, values=values, scores=scores)
     first = next(model.parameters(), None)
     if first is not None and first.device.type == "meta":
         raise InputError("the model's weights are on the 'meta' device (not loaded); load or "

@@ -52,6 +52,16 @@ def to_bertviz(amap: AttentionMap, *,
     Raises:
         InputError: a cross-attention map, or (unless ``renumber``) layers/heads that
             BertViz would label wrongly.
+
+    Example:
+        >>> attention, tokens = to_bertviz(amap)        # for bertviz.head_view(...)
+        >>> len(attention), attention[0].shape          # one [1, heads, n, n] per layer
+        (6, torch.Size([1, 12, 9, 9]))
+        >>> tokens[:3]
+        ['[CLS]', 'the', 'cat']
+        >>> to_bertviz(amap.select(layers=[2, 3]))      # BertViz would call them 0 and 1
+        Traceback (most recent call last):
+        attnprobe.errors.InputError: BertViz numbers layers from 0, but map '0' holds ...
     """
     if amap.kind != "self" or amap.query_tokens != amap.key_tokens:
         raise InputError(
@@ -70,6 +80,12 @@ def bertviz_json(amap: AttentionMap) -> dict[str, Any]:
     ``{"all": {"attn": [layer][head][query][key], "left_text": query tokens,
     "right_text": key tokens}}``. Layers and heads are by position (see module notes);
     :func:`save_bertviz` stores the model indices beside it. Tokens are not prettified.
+
+    Example:
+        >>> data = bertviz_json(amap)["all"]
+        >>> attn = torch.tensor(data["attn"])           # [layer, head, query, key]
+        >>> torch.equal(attn, amap.pattern), data["left_text"] == list(amap.query_tokens)
+        (True, True)
     """
     return {
         "all": {
@@ -90,6 +106,13 @@ def save_bertviz(maps: Sequence[AttentionMap], path: str | Path) -> Path:
     Raises:
         InputError: no maps.
         OutputError: ``path`` is a directory or cannot be written.
+
+    Example:
+        >>> save_bertviz(maps, "bertviz.json")
+        PosixPath('bertviz.json')
+        >>> entries = json.loads(Path("bertviz.json").read_text())
+        >>> [(e["example_id"], e["layers"], len(e["heads"])) for e in entries]
+        [('0', [0, 1, 2, 3, 4, 5], 12), ('1', [0, 1, 2, 3, 4, 5], 12)]
     """
     if not maps:
         raise InputError("no attention maps to export")

@@ -1,9 +1,12 @@
 """Build one self-contained HTML report: all CSS/JS inlined, no URL to any other host.
 
-Sections appear only when their data is given: model card (from ``maps[0].info`` or ``info``),
-head grid / layer profile / head clusters (``census``), interactive attention view with the model
+A page shows :class:`~attnprobe.report.contents.Contents` (the analysis results it is given):
+every registered section kind (:data:`~attnprobe.report.contents.SECTIONS`, in rank order)
+that applies to them renders itself — model card (from ``maps[0].info`` or ``info``), head
+grid / layer profile / head clusters (``census``), interactive attention view with the model
 view and head panels (``maps``), syntax table, attribution comparison, perturbation results,
-checkpoint diff and the caller's own tables. Results are drawn as inline SVG figures
+checkpoint diff, the caller's own tables, direct logit attribution, composition scores and
+patching effects. Results are drawn as inline SVG figures
 (:mod:`.result_figures`) with their tables collapsed, and each section names its corpus size. The
 page is rendered from Jinja2 templates with autoescaping on (:mod:`.templating`): every token,
 cell, heading, key and title is escaped, attributes included; ids are slugs; the maps travel as
@@ -13,7 +16,7 @@ escaped JSON (:mod:`.data`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +26,30 @@ from attnprobe.core import html_view
 from attnprobe.core.display import counted, describe, quoted, size
 from attnprobe.core.files import atomic_write
 from attnprobe.errors import InputError
-from attnprobe.report import data, sections
-from attnprobe.report.sections import Section
+from attnprobe.heads.head_census import MIN_COUNT
+from attnprobe.report import data
+from attnprobe.report.contents import MAPS_ID, Contents, Table, page_sections
 from attnprobe.report.templating import asset, markup, render
-from attnprobe.report.text import slug
 from attnprobe.types import AttentionMap, ModelInfo
 
-MAPS_ID = "ap-maps"
-SYNTAX_MIN_COUNT = 20  # words a relation needs to be listed (the labels' default min_count)
+__all__ = ["MAPS_ID", "Report", "build"]
 
 
 @dataclass(frozen=True)
 class Report:
-    """A rendered report."""
+    """A rendered report.
+
+    Attributes:
+        html: the page.
+        title: its title.
+        contents: the analysis results it shows (:class:`~attnprobe.report.contents.Contents`:
+            ``maps``, ``census``, ``comparison``, ...), e.g. to read the census table after
+            :func:`~attnprobe.report.from_model`; empty for a page made from HTML alone.
+    """
 
     html: str
     title: str = "attnprobe report"
+    contents: Contents = field(default_factory=Contents, repr=False, compare=False)
 
     @property
     def size_bytes(self) -> int:
@@ -58,52 +69,15 @@ class Report:
         return atomic_write(path, lambda tmp: tmp.write_text(self.html, encoding="utf-8"))
 
 
-def _frame(value: Any, what: str) -> pd.DataFrame:
-    if isinstance(value, pd.DataFrame):
-        return value
-    if hasattr(value, "summary"):
-        return value.summary()
-    raise InputError(f"{what} must be a DataFrame; got {type(value).__name__}")
-
-
-def _extra_sections(tables: Sequence[tuple[str, str, pd.DataFrame | None]],
-                    taken: set[str]) -> list[Section]:
-    """The caller's ``(key, heading, table)`` sections; ids are slugs of the keys."""
-    out = []
-    for entry in tables:
-        if not isinstance(entry, tuple | list) or len(entry) != 3:
-            raise InputError("tables must hold (key, heading, DataFrame) triples")
-        key, heading, frame = entry
-        if frame is None:
-            continue
-        frame = _frame(frame, f"table {key!r}")
-        if frame.empty:
-            continue
-        section_id = slug(key)
-        if section_id in taken:
-            raise InputError(f"table key {key!r} gives the section id sec-{section_id}, which "
-                             "is already used; choose another key")
-        taken.add(section_id)
-        out.append(Section(section_id, str(heading), sections.table(frame)))
-    return out
-
-
-def _classified(census: Any) -> pd.DataFrame | None:
-    """``census.classify()`` (or the classified frame given), computed once per page."""
-    if census is None:
-        return None
-    if isinstance(census, pd.DataFrame):
-        return sections.census_tables(census)[0]
-    return census.classify()
-
-
 def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: Any = None,
           syntax: pd.DataFrame | None = None, comparison: Any = None,
           perturbation: pd.DataFrame | None = None, diff: Any = None,
           title: str = "attnprobe report", info: ModelInfo | None = None,
-          tables: Sequence[tuple[str, str, pd.DataFrame | None]] = (),
-          min_count: int = SYNTAX_MIN_COUNT) -> Report:
-    """Render the report.
+          tables: Sequence[Table] = (), min_count: int = MIN_COUNT,
+          logit_attribution: Any = None, composition: Any = None,
+          patching: pd.DataFrame | None = None) -> Report:
+    """Render the report: every registered section
+    (:data:`~attnprobe.report.contents.SECTIONS`) that applies to what is given, in rank order.
 
     Args:
         maps: attention maps for the interactive views (one per sentence): the head view,
@@ -123,6 +97,12 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
             missing tables are left out.
         min_count: the fewest words a syntax relation needs to be listed (default 20, as
             the labels use).
+        logit_attribution: a ``LogitAttribution`` (``ap.heads.logit_attribution``): each
+            head's mean direct part (layer × head), the top heads, every component.
+        composition: a ``Composition`` (``ap.heads.composition``): writer × reader over the
+            random baseline per kind, the strongest pairs.
+        patching: a patching table (``ap.patch.heads`` / ``path`` / ``attribution``): the
+            mean effect per patch, the per-patch summary.
 
     Returns:
         :class:`Report` with the HTML text. Every section says how many sentences it was
@@ -132,44 +112,31 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
         InputError: nothing to report, maps that are not AttentionMaps, a table that is not
             a DataFrame, or two sections with the same id.
         MissingExtraError: jinja2 (the ``report`` extra) is not installed.
+
+    Example:
+        >>> import re
+        >>> every = ap.heads.syntax(maps, trees, min_count=1)   # every relation, however rare
+        >>> page = build(maps=maps, syntax=every, min_count=1)
+        >>> re.findall(r'<section id="([^"]+)"', page.html)   # what the results allow
+        ['sec-model', 'sec-attention', 'sec-syntax']
+        >>> "https://" in page.html, "http://" in page.html   # one file, nothing fetched
+        (False, False)
+        >>> page.save("report.html")
+        PosixPath('report.html')
     """
     if isinstance(maps, AttentionMap):
         maps = [maps]
-    maps = list(maps or [])
-    if not all(isinstance(m, AttentionMap) for m in maps):
-        raise InputError("maps must be AttentionMap objects")
-    if info is None and maps:
-        info = maps[0].info
-    if info is None and not maps and census is None and syntax is None and comparison is None \
-            and perturbation is None and diff is None and not tables:
+    contents = Contents(maps=tuple(maps or ()), census=census, syntax=syntax,
+                        comparison=comparison, perturbation=perturbation, diff=diff, info=info,
+                        tables=tuple(tables), min_count=min_count,
+                        logit_attribution=logit_attribution, composition=composition,
+                        patching=patching)
+    if contents.empty:
         raise InputError("nothing to report: pass maps, census, syntax, comparison, "
-                         "perturbation or diff")
-    n_census = getattr(census, "n_sentences", None)
-    classified = _classified(census)
-    parts = [Section("model", "Model", sections.model_card(info, maps))]
-    if census is not None:
-        parts += sections.census_sections(census, classified)
-    if maps:
-        parts.append(Section("attention", "Attention view",
-                             sections.attention_view(sections.head_details(classified),
-                                                     maps_id=MAPS_ID)))
-    if syntax is not None:
-        shown, dropped = sections.syntax_rows(_frame(syntax, "syntax"), min_count)
-        note = (f"From {n_census} sentence(s); " if n_census is not None else "") + \
-            f"relations with at least {min_count} words" + \
-            (f" ({dropped} rarer left out)." if dropped else ".")
-        parts.append(Section("syntax", "Syntax", sections.result(note, [], shown)))
-    if comparison is not None:
-        parts.append(Section("comparison", "Attribution comparison", sections.comparison_section(
-            comparison, _frame(comparison, "comparison"), n_census)))
-    if perturbation is not None:
-        parts.append(Section("perturbation", "Perturbation", sections.perturbation_section(
-            _frame(perturbation, "perturbation"))))
-    if diff is not None:
-        parts.append(Section("diff", "Checkpoint diff", sections.diff_section(diff)))
-    parts += _extra_sections(tables, {part.id for part in parts})
-    html = render("page.html.j2", title=str(title), sections=parts,
+                         "perturbation, diff, logit_attribution, composition or patching")
+    maps = list(contents.maps)
+    html = render("page.html.j2", title=str(title), sections=page_sections(contents),
                   css=asset("report.css") + "\n" + asset("views.css"),
                   maps_id=MAPS_ID, js=asset("attention_view.js") if maps else "",
                   maps_json=markup(data.escape_json(data.pack_maps(maps))) if maps else "")
-    return Report(html=str(html), title=str(title))
+    return Report(html=str(html), title=str(title), contents=contents)

@@ -1,10 +1,11 @@
 """The notebook view of a patching table (``ap.patch.heads`` / ``path`` / ``attribution``),
 registered as ``patching`` in :data:`attnprobe.core.html_view.RENDERERS` (imported by
-:mod:`attnprobe.report.views`).
+:mod:`attnprobe.report.views`), and the report's patching section.
 
 The view: the mean normalised effect per patch (layer × head, or heads × position for
 ``positions="each"``) with a tooltip per cell, the notes (examples whose clean and corrupted
-metric are equal), the per-patch summary, and the whole table collapsed.
+metric are equal), the per-patch summary collapsed (:func:`patching_body`: the report's
+section), and the whole table.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from attnprobe.report.charts import heatmap, number
 from attnprobe.report.notebook import fragment
 from attnprobe.report.result_figures import head_heatmap
 
-__all__ = ["patching_html"]
+__all__ = ["patching_body", "patching_html"]
 
 MEANING = {"denoising": "share of the clean−corrupt difference the patch restores",
            "noising": "share of the clean−corrupt difference the patch destroys"}
@@ -60,9 +61,10 @@ def _figure(means: pd.DataFrame, caption: str) -> Any:
     return heatmap(values, rows, names, tips, caption=caption, rotate_columns=len(cols) > 12)
 
 
-@RENDERERS.register("patching")
-def patching_html(table: pd.DataFrame) -> str:
-    """A patching table: the mean effect per patch, the summary, the table collapsed."""
+def patching_body(table: pd.DataFrame, of: int | None = None) -> Any:
+    """A patching table: the mean effect per patch (a figure per experiment, site,
+    direction and metric), the notes, the per-patch summary (collapsed). ``of``: the corpus
+    the pairs were taken from (said)."""
     frame = pd.DataFrame(table)
     means = summary(frame)
     figures, notes = [], list(table.attrs.get("notes", []))
@@ -75,10 +77,17 @@ def patching_html(table: pd.DataFrame) -> str:
             figures.append(_figure(part, f"{name} {where} ({direction}), {metric}: "
                                          f"{MEANING.get(direction, 'effect')}"))
     n = frame["example_id"].nunique()
-    note = (f"{n} example pair(s); effect = "
+    corpus = f" (the first {n} of {of} texts, each with its corrupted input)" \
+        if of is not None and of > n else ""
+    note = (f"{n} example pair(s){corpus}; effect = "
             "(patched − corrupt)/(clean − corrupt) when denoising, "
             "(clean − patched)/(clean − corrupt) when noising.")
     if notes:
         note += " " + " ".join(notes)
-    body = sections.result(note, figures, means, "mean per patch")
-    return fragment(body + sections.table(frame, max_rows=200))
+    return sections.result(note, figures, means, "mean per patch")
+
+
+@RENDERERS.register("patching")
+def patching_html(table: pd.DataFrame) -> str:
+    """A patching table: :func:`patching_body`, then the table itself."""
+    return fragment(patching_body(table) + sections.table(pd.DataFrame(table), max_rows=200))
