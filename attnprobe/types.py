@@ -1,4 +1,6 @@
-"""Core data: one example's attention maps, and what produced them.
+"""Core data: one example's attention maps, and what produced them; saving and loading them
+(:mod:`attnprobe.map_files`) and token attributions (:mod:`attnprobe.token_attribution`) are
+re-exported here.
 
 Conventions (shared by every module):
 - ``pattern`` is post-softmax weights, ``scores`` pre-softmax logits.
@@ -9,10 +11,9 @@ Conventions (shared by every module):
 
 from __future__ import annotations
 
-import json
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -21,18 +22,13 @@ import torch
 from attnprobe.core import html_view
 from attnprobe.core.display import counted, describe, grid, quoted
 from attnprobe.core.divergence import row_sum_tolerance
-from attnprobe.core.files import atomic_path
-from attnprobe.core.maps_format import (
-    FORMAT_VERSION,
-    expected_arrays,
-    is_maps_sidecar,
-    maps_paths,
-    read_sidecar,
-)
+from attnprobe.core.maps_format import is_maps_sidecar, maps_paths
 from attnprobe.core.scope import head_id
 from attnprobe.core.tokens import TOKEN_STYLES, guess_style, readable
-from attnprobe.core.untrusted import DEFAULT_MAX_BYTES, read_npz, sha256_of
-from attnprobe.errors import FileFormatError, InputError, OutputError
+from attnprobe.core.untrusted import DEFAULT_MAX_BYTES
+from attnprobe.errors import InputError
+from attnprobe.map_files import read_maps, save_maps
+from attnprobe.token_attribution import ATTRIBUTION_COLUMNS, TokenAttribution
 
 __all__ = ["ATTRIBUTION_COLUMNS", "MAP_COLUMNS", "AttentionMap", "ModelInfo", "TokenAttribution",
            "head_id", "is_maps_sidecar", "load_maps", "maps_paths", "save_maps"]
@@ -44,10 +40,6 @@ MAP_COLUMNS = (
     "example_id", "stack", "kind", "layer", "head", "head_id",
     "query_pos", "key_pos", "query_token", "key_token", "weight",
 )
-# Tidy column names of TokenAttribution.to_frame().
-ATTRIBUTION_COLUMNS = ("example_id", "method", "target", "position", "token", "score")
-
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -322,24 +314,6 @@ class AttentionMap:
         return frame
 
     # ------------------------------------------------------------ save/load
-    def _meta(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
-            "query_tokens": list(self.query_tokens),
-            "key_tokens": list(self.key_tokens),
-            "layers": list(self.layers),
-            "heads": list(self.heads),
-            "kind": self.kind,
-            "stack": self.stack,
-            "example_id": self.example_id,
-            "check_rows": self.check_rows,
-            "info": self.info.to_dict(),
-            **({} if self.prompt_length is None else {"prompt_length": self.prompt_length}),
-            **({} if self.query_ids is None else {"query_ids": list(self.query_ids)}),
-            **({} if self.key_ids is None else {"key_ids": list(self.key_ids)}),
-            **({"learned_sink": True} if self.learned_sink else {}),
-        }
-
     def save(self, path: str | Path) -> Path:
         """Write ``path`` (.npz, tensors) and ``path`` with .json (everything else). No pickle."""
         return save_maps([self], path)
@@ -352,105 +326,19 @@ class AttentionMap:
         return maps[0]
 
 
-@dataclass(frozen=True)
-class TokenAttribution:
-    """How much each input token matters for one example and one target, by one method.
-
-    Args:
-        scores: float tensor ``[token]``, one score per input token (signed, as the method
-            gives it; attention views are non-negative).
-        tokens: the input tokens, one per score.
-        method: what produced the scores, e.g. ``integrated_gradients`` or ``rollout@L3``.
-        target: what the scores explain, e.g. ``class:1`` or ``similarity:<text>``.
-        example_id: free label carried into tables.
-        delta: the method's convergence error when it has one (Integrated Gradients:
-            ``|Σ attributions - (f(x) - f(baseline))|``), else ``None``.
-    """
-
-    scores: torch.Tensor
-    tokens: tuple[str, ...]
-    method: str
-    target: str
-    example_id: str = ""
-    delta: float | None = None
-
-    def __post_init__(self) -> None:
-        scores = torch.as_tensor(self.scores).detach().to("cpu", torch.float64).flatten()
-        object.__setattr__(self, "scores", scores)
-        object.__setattr__(self, "tokens", tuple(str(t) for t in self.tokens))
-        if len(scores) != len(self.tokens):
-            raise InputError(f"{len(scores)} scores for {len(self.tokens)} tokens "
-                             f"({self.method}, example {self.example_id!r})")
-        if not torch.isfinite(scores).all():
-            raise InputError(f"{self.method} gave NaN or inf scores for example "
-                             f"{self.example_id!r}")
-
-    def __repr__(self) -> str:
-        top = int(self.scores.abs().argmax()) if len(self.scores) else None
-        return describe(
-            "TokenAttribution", f"{self.method} for {quoted(self.target, 40)}",
-            counted(len(self.tokens), "token"),
-            None if top is None else
-            f"top {quoted(readable([self.tokens[top]], guess_style(self.tokens))[0], 20)} "
-            f"{float(self.scores[top]):.3g}",
-            None if self.delta is None else f"delta {self.delta:.3g}",
-            f"example {self.example_id!r}" if self.example_id else None)
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per token; columns ``ATTRIBUTION_COLUMNS`` (tokens as people read them,
-        :func:`attnprobe.core.tokens.readable`)."""
-        n = len(self.tokens)
-        return pd.DataFrame({"example_id": [self.example_id] * n, "method": [self.method] * n,
-                             "target": [self.target] * n, "position": range(n),
-                             "token": readable(self.tokens, None), "score": self.scores.numpy()},
-                            columns=list(ATTRIBUTION_COLUMNS))
-
-
-def save_maps(maps: list[AttentionMap], path: str | Path) -> Path:
-    """Save several maps to one ``.npz`` (float32 arrays) plus a ``.json`` sidecar.
-
-    Both files are written atomically (temporary file + rename), and the sidecar records the
-    ``.npz``'s SHA-256, so a save killed between the two renames leaves a pair that
-    :func:`load_maps` refuses rather than one that mixes two saves.
-
-    Raises:
-        InputError: no maps.
-        OutputError: the ``.npz`` or ``.json`` path is a directory or cannot be written, or
-            the ``.json`` exists and is not the sidecar of saved maps.
-    """
-    if not maps:
-        raise InputError("no attention maps to save")
-    npz, meta = maps_paths(path)
-    if meta.is_file() and not is_maps_sidecar(meta):
-        raise OutputError(f"saving maps to {npz} would overwrite {meta}, which is not the "
-                          "sidecar of saved maps; choose another name")
-    arrays: dict[str, np.ndarray] = {}
-    for i, amap in enumerate(maps):
-        arrays[f"pattern_{i}"] = amap.pattern.numpy()
-        if amap.scores is not None:
-            arrays[f"scores_{i}"] = amap.scores.numpy()
-    with atomic_path(npz) as npz_part, atomic_path(meta) as meta_part:
-        with open(npz_part, "wb") as stream:
-            np.savez_compressed(stream, **arrays)
-        spec = {"npz_sha256": sha256_of(npz_part), "maps": [m._meta() for m in maps]}
-        meta_part.write_text(json.dumps(spec, indent=1))
-    return npz
-
-
-def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | None,
-            where: str) -> AttentionMap:
-    try:
-        return AttentionMap(
-            pattern=torch.from_numpy(pattern.astype(np.float32)),
-            scores=None if scores is None else torch.from_numpy(scores.astype(np.float32)),
-            query_tokens=tuple(entry["query_tokens"]), key_tokens=tuple(entry["key_tokens"]),
-            layers=tuple(entry["layers"]), heads=tuple(entry["heads"]), kind=entry["kind"],
-            stack=entry["stack"], example_id=entry["example_id"],
-            check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]),
-            prompt_length=entry.get("prompt_length"), query_ids=entry.get("query_ids"),
-            key_ids=entry.get("key_ids"), learned_sink=entry.get("learned_sink", False))
-    except InputError as exc:
-        raise FileFormatError(f"{where}: {exc}") from None
+def _map_of(entry: dict[str, Any], pattern: np.ndarray, scores: np.ndarray | None
+            ) -> AttentionMap:
+    """One saved map from its sidecar entry and arrays (:func:`attnprobe.map_files.read_maps`
+    checked them)."""
+    return AttentionMap(
+        pattern=torch.from_numpy(pattern.astype(np.float32)),
+        scores=None if scores is None else torch.from_numpy(scores.astype(np.float32)),
+        query_tokens=tuple(entry["query_tokens"]), key_tokens=tuple(entry["key_tokens"]),
+        layers=tuple(entry["layers"]), heads=tuple(entry["heads"]), kind=entry["kind"],
+        stack=entry["stack"], example_id=entry["example_id"],
+        check_rows=entry["check_rows"], info=ModelInfo.from_dict(entry["info"]),
+        prompt_length=entry.get("prompt_length"), query_ids=entry.get("query_ids"),
+        key_ids=entry.get("key_ids"), learned_sink=entry.get("learned_sink", False))
 
 
 def load_maps(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[AttentionMap]:
@@ -464,19 +352,13 @@ def load_maps(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[A
     Raises:
         InputError: the ``.npz`` or its ``.json`` sidecar is missing.
         FileFormatError: anything malformed, inconsistent or over ``max_bytes`` (one line).
+
+    Example:
+        >>> _ = save_maps(maps, "two_maps")
+        >>> back = load_maps("two_maps")                # the same maps, float32
+        >>> [tuple(m.pattern.shape) == tuple(a.pattern.shape) for m, a in zip(back, maps)]
+        [True, True]
+        >>> torch.equal(back[0].pattern, maps[0].pattern)
+        True
     """
-    npz, meta = maps_paths(path)
-    if not npz.is_file() or not meta.is_file():
-        raise InputError(f"no saved maps at {npz}: expected {npz} and its sidecar {meta}")
-    info_required = [f.name for f in fields(ModelInfo) if f.default is MISSING
-                     and f.default_factory is MISSING]
-    entries, digest = read_sidecar(meta, max_bytes, info_fields=get_type_hints(ModelInfo),
-                                   info_required=info_required)
-    expected = expected_arrays(entries)
-    if digest is not None and sha256_of(npz) != digest:
-        raise FileFormatError(f"{npz} is not the file its sidecar {meta.name} was written with "
-                              "(an interrupted save, or files from two saves); save again")
-    arrays = read_npz(npz, expected, required=[f"pattern_{i}" for i in range(len(entries))],
-                      max_bytes=max_bytes)
-    return [_map_of(entry, arrays[f"pattern_{i}"], arrays.get(f"scores_{i}"), f"{meta}: map {i}")
-            for i, entry in enumerate(entries)]
+    return read_maps(path, _map_of, ModelInfo, max_bytes=max_bytes)

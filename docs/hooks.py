@@ -55,10 +55,7 @@ EXTERNAL_LOAD = re.compile(r"<(?:script|link|img|iframe|source|embed|object)\b[^
                            r"\b(?:src|href|data)=[\"'](?:https?:)?//[^\"']*", re.I)
 
 # (file, part of Griffe's message): docstrings to fix in attnprobe/, then delete the entry
-KNOWN_DOCSTRING_FAULTS: tuple[tuple[str, str], ...] = (
-    # an Args entry that names no parameter ("The rest as :func:`attribute`.")
-    ("attnprobe/attribution/methods.py", "pair from 'The rest as"),
-)
+KNOWN_DOCSTRING_FAULTS: tuple[tuple[str, str], ...] = ()
 
 _spans: dict[str, str] = {}
 _included: set[str] = set()

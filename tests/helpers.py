@@ -1,6 +1,11 @@
-"""Tiny random transformers models shared by the unit tests (2 layers, 2 heads, width 16)."""
+"""What the tests share: tiny random transformers models (2 layers, 2 heads, width 16), the
+command line run in-process, and a fresh interpreter's printout."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -33,6 +38,15 @@ def tiny_bert(vocab: dict[str, int], implementation: str = "sdpa") -> transforme
     return track(transformers.BertModel(config).eval())
 
 
+def saved_tiny_bert(folder: Path) -> str:
+    """:func:`tiny_bert` and its tokenizer (which adds [CLS] and [SEP]) saved in ``folder``,
+    for ``--model``: the folder as a string."""
+    vocab = bert_vocab()
+    tiny_bert(vocab).save_pretrained(folder)
+    bert_tokenizer(vocab).save_pretrained(folder)
+    return str(folder)
+
+
 def tiny_bert_classifier(words: str = BERT_WORDS):
     """A seeded random 2-class ``BertForSequenceClassification`` (eval, tracked) and its
     tokenizer."""
@@ -53,3 +67,13 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
         code = exc.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def fresh_python(code: str, cwd: str | Path | None = None) -> str:
+    """What a new interpreter running ``code`` prints (stripped); the test fails (with the
+    traceback) when the code raises. For what one process cannot show: which modules an
+    import loads, signal handlers."""
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=cwd)
+    assert found.returncode == 0, found.stderr
+    return found.stdout.strip()

@@ -94,6 +94,13 @@ def flow(amap: AttentionMap, *, layer: int, query: Query = "auto") -> torch.Tens
 
     Returns:
         ``[key]`` float64 summing to 1.
+
+    Example:
+        >>> importance = flow(amap, layer=0)   # [key], from the [CLS] node after layer 0
+        >>> importance.shape
+        torch.Size([9])
+        >>> torch.allclose(importance, ap.attribution.rollout(amap)[0, 0], atol=1e-6)
+        True
     """
     check_stack(amap, "flow")
     n = amap.shape[-1]

@@ -18,7 +18,7 @@ causal attention the context's rows of that map are exactly the context's own ma
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -26,6 +26,13 @@ import pandas as pd
 import torch
 from torch import nn
 
+from attnprobe.attribution.comparison_result import (
+    AGREEMENT_COLUMNS,
+    STEP_COLUMNS,
+    TRUTH_COLUMNS,
+    Comparison,
+    split_source,
+)
 from attnprobe.attribution.methods import attribute, attribute_inputs
 from attnprobe.attribution.metrics import agreement, truth_scores
 from attnprobe.attribution.targets import parse_target
@@ -43,100 +50,19 @@ from attnprobe.capture.text import (
     prepare_corpus,
     truncation_mode,
 )
-from attnprobe.core import html_view
 from attnprobe.core.checks import check_positive_ints
-from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import rank_and_world, run_sharded
 from attnprobe.core.progress import StepBar
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.core.tokens import special_tokens
 from attnprobe.errors import InputError
-from attnprobe.types import AttentionMap, TokenAttribution
+from attnprobe.types import TokenAttribution
+
+__all__ = ["AGREEMENT_COLUMNS", "DEFAULT_METHODS", "DEFAULT_VIEWS", "STEP_COLUMNS",
+           "TRUTH_COLUMNS", "Comparison", "check_generation_target", "compare"]
 
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "leave_one_out")
 DEFAULT_VIEWS = ("raw", "rollout", "attn_x_grad", "norm")
-# Tidy columns of Comparison.table and Comparison.truth_table.
-AGREEMENT_COLUMNS = ("example_id", "source", "source_kind", "view", "layer", "method", "metric",
-                     "value", "p_value")
-TRUTH_COLUMNS = ("example_id", "source", "source_kind", "view", "layer", "metric", "value")
-# Comparison.table with generate=N: one row per generated token (step 1..N, its position in
-# the sequence and the token) and source, method and metric.
-STEP_COLUMNS = ("example_id", "step", "position", "token", *AGREEMENT_COLUMNS[1:])
-SIGNIFICANCE = 0.05
-
-
-def _split(source: str) -> tuple[str, int | None]:
-    """``rollout@L3`` -> ("rollout", 3); ``saliency`` -> ("saliency", None)."""
-    view, _, layer = source.partition("@L")
-    return view, int(layer) if layer else None
-
-
-@dataclass
-class Comparison:
-    """Everything :func:`compare` measured.
-
-    Attributes:
-        table: agreement per example, ``AGREEMENT_COLUMNS``: ``source`` is an attention view
-            (``source_kind="attention"``, e.g. ``rollout@L3``) or a method
-            (``"attribution"``), ``method`` the attribution it is compared with. With
-            ``generate``, per generated token: ``STEP_COLUMNS`` (``step`` 1..N, ``position``
-            in the sequence, ``token`` the generated token).
-        truth_table: per example and source, scores against the known decisive tokens
-            (``TRUTH_COLUMNS``; empty without ``truth``).
-        attributions: every importance vector that went into the tables (with
-            ``generate``, ``example_id`` reads ``<example>:step<k>``).
-        skipped: ids of texts left out as too long (``truncation="skip"``).
-        maps: with ``generate``, each text's map over prompt + generated tokens.
-    """
-
-    table: pd.DataFrame
-    truth_table: pd.DataFrame
-    attributions: list[TokenAttribution] = field(default_factory=list)
-    skipped: tuple[str, ...] = ()
-    maps: list[AttentionMap] = field(default_factory=list)
-
-    def __repr__(self) -> str:
-        table = self.table
-        attention = table[table["source_kind"] == "attention"]
-        views = ", ".join(map(str, attention["view"].unique()[:4]))
-        layers = attention["layer"].dropna().nunique()
-        return describe(
-            "Comparison", counted(table["example_id"].nunique(), "text"),
-            "methods " + ", ".join(map(str, table["method"].unique()[:4])),
-            f"views {views} at {counted(layers, 'layer')}" if views else None,
-            counted(len(table), "row"),
-            f"{counted(table['step'].max(), 'generated token')}" if "step" in table else None,
-            f"{counted(len(self.truth_table), 'truth row')}" if len(self.truth_table) else None,
-            f"{counted(len(self.skipped), 'text')} skipped" if self.skipped else None)
-
-    def summary(self) -> pd.DataFrame:
-        """Mean ± std over examples, and the share with ``p <= 0.05`` (rank metrics), per
-        (source, method, metric); sorted so layers read in order."""
-        return _summarise(self.table, ["source_kind", "view", "layer", "source", "method",
-                                       "metric"])
-
-    def truth_summary(self) -> pd.DataFrame:
-        """Mean ± std over examples of each source's ground-truth scores."""
-        if self.truth_table.empty:
-            raise InputError("no ground truth was given (compare(..., truth=...))")
-        return _summarise(self.truth_table, ["source_kind", "view", "layer", "source", "metric"])
-
-    def _repr_html_(self) -> str | None:
-        """Agreement by layer and token heat in a notebook (:mod:`attnprobe.report`)."""
-        return html_view.html(self, "comparison")
-
-
-def _summarise(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    frame = table.copy()
-    frame["layer"] = frame["layer"].astype("Int64")
-    grouped = frame.groupby(keys, dropna=False, sort=False)
-    out = grouped["value"].agg(["mean", "std", "count"]).reset_index()
-    out = out.rename(columns={"count": "n"})
-    if "p_value" in frame:
-        significant = (frame["p_value"] <= SIGNIFICANCE).where(frame["p_value"].notna())
-        frac = significant.groupby([frame[k] for k in keys], dropna=False, sort=False).mean()
-        out["frac_significant"] = frac.to_numpy()
-    return out.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
 
 
 def _fixed(target: Any, spec: str, model: nn.Module, tokenizer: Any) -> Any:
@@ -167,7 +93,7 @@ def _truth_mask(truth: Sequence[bool] | torch.Tensor, tokens: tuple[str, ...],
 
 def _rows(example: str, source: TokenAttribution, kind: str, reference: TokenAttribution,
           keep: torch.Tensor, top_k: int | None) -> list[tuple]:
-    view, layer = _split(source.method)
+    view, layer = split_source(source.method)
     scores = agreement(source, reference, k=top_k, keep=keep)
     return [(example, source.method, kind, view, layer, reference.method, metric, value, p)
             for metric, (value, p) in scores.items()]
@@ -214,7 +140,7 @@ def _agreement(job: _Job, example: str, found: list[TokenAttribution],
         mask = _truth_mask(truth, tokens, keep, example)
         for source, kind in [*((v, "attention") for v in seen),
                              *((m, "attribution") for m in found)]:
-            view, layer = _split(source.method)
+            view, layer = split_source(source.method)
             for metric, value in truth_scores(source.scores[keep], mask[keep]).items():
                 truth_rows.append((example, source.method, kind, view, layer, metric, value))
     return agreement_rows, truth_rows
@@ -355,6 +281,16 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     Returns:
         A :class:`Comparison` (``.table``, ``.summary()``, ``.truth_table``,
         ``.truth_summary()``); ``example_id`` is the text's index in ``texts``.
+
+    Example:
+        >>> c = compare(lm, lm_tok, [prompt], "next-token", methods=["saliency"],
+        ...             views=["raw"])
+        >>> c.table.columns.tolist()
+        ['example_id', 'source', 'source_kind', 'view', 'layer', 'method', 'metric', 'value',
+         'p_value']
+        >>> sorted(c.table["source"].unique()), sorted(c.table["metric"].unique())
+        (['raw@L0', 'raw@L1'], ['jsd', 'kendall_tau', 'spearman', 'topk_overlap'])
+        >>> c.summary()
     """
     check_positive_ints("compare", batch_size=batch_size, n_steps=n_steps, top_k=top_k)
     check_query(query)

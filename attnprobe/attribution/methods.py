@@ -192,7 +192,9 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
     Example:
         >>> model, tok = ap.load_model("minilm")
         >>> out = attribute(model, tok, ["A cat sat."], "similarity:A dog sat.",
-        ...                 ["integrated_gradients", "leave_one_out"])
+        ...                 ["integrated_gradients", "leave_one_out"], n_steps=16)
+        >>> [(a.method, len(a.tokens)) for a in out]    # [CLS] a cat sat . [SEP]
+        [('integrated_gradients', 6), ('leave_one_out', 6)]
         >>> out[0].to_frame()
     """
     texts = check_inputs(texts)  # strings or token ids
@@ -218,13 +220,22 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
                      budget: int = DEFAULT_BUDGET, progress: bool = False,
                      on_method: Callable[[str, str], None] | None = None
                      ) -> list[TokenAttribution]:
-    """:func:`attribute` on inputs that are already encoded, one example each.
+    """:func:`attribute` on inputs that are already encoded, one example each; the arguments
+    not listed here are :func:`attribute`'s.
 
     Args:
         inputs: per example ``{"input_ids": [1, seq], "attention_mask": [1, seq]}`` (no
             padding; the mask may be left out).
         example_ids: ``example_id`` of each result (default the position in ``inputs``).
-        The rest as :func:`attribute`.
+
+    Example:
+        >>> ids = lm_tok([prompt], return_tensors="pt")          # one example: [1, seq]
+        >>> found = attribute_inputs(lm, lm_tok, [ids], "next-token",
+        ...                          ["saliency", "leave_one_out"])
+        >>> [(a.method, len(a.tokens)) for a in found]
+        [('saliency', 17), ('leave_one_out', 17)]
+        >>> float(found[1].scores[0])                   # [BOS] is special: never deleted
+        0.0
     """
     built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
                      batch_size=batch_size, seed=seed, budget=budget)

@@ -62,6 +62,12 @@ def kendall_tau(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> tuple
 
     Raises:
         InputError: different lengths, fewer than 2 tokens, or a constant vector.
+
+    Example:
+        >>> kendall_tau([0.1, 0.5, 0.2, 0.9], [1, 3, 2, 4])[0]     # the same order
+        1.0
+        >>> kendall_tau([0.1, 0.5, 0.2, 0.9], [4, 2, 3, 1])[0]     # reversed
+        -1.0
     """
     from scipy.stats import kendalltau
 
@@ -75,6 +81,13 @@ def spearman(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> tuple[fl
 
     Raises:
         InputError: different lengths, fewer than 2 tokens, or a constant vector.
+
+    Example:
+        >>> spearman([1, 2, 3, 4], [1, 4, 9, 16])[0]    # any increasing function: ρ = 1
+        1.0
+        >>> spearman([1, 2, 3, 3], [5, 5, 5, 5])
+        Traceback (most recent call last):
+        attnprobe.errors.InputError: b is constant (5 on all 4 tokens): ...
     """
     from scipy.stats import spearmanr
 
@@ -92,7 +105,14 @@ def _top(x: np.ndarray, k: int) -> set[int]:
 
 def topk_overlap(a: Any, b: Any, k: int, *, names: tuple[str, str] = ("a", "b")) -> float:
     """Share of the ``k`` tokens with the largest ``|a|`` that are also among the ``k`` largest
-    ``|b|`` (ties broken by position, earlier first). 1 = same top-k set, 0 = disjoint."""
+    ``|b|`` (ties broken by position, earlier first). 1 = same top-k set, 0 = disjoint.
+
+    Example:
+        >>> topk_overlap([0.9, 0.1, 0.5, 0.0], [0.8, 0.7, 0.0, 0.1], k=2)   # {0, 2} vs {0, 1}
+        0.5
+        >>> topk_overlap([0.9, 0.1], [-0.9, 0.1], k=1)   # magnitudes: a negative score counts
+        1.0
+    """
     x, y = _pair(a, b, names)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= x.size:
         raise InputError(f"k must be an int in 1..{x.size}; got {k!r}")
@@ -109,7 +129,14 @@ def _distribution(x: np.ndarray, name: str) -> np.ndarray:
 
 def jsd(a: Any, b: Any, *, names: tuple[str, str] = ("a", "b")) -> float:
     """Jensen–Shannon divergence (natural log, so in ``[0, ln 2]``) between ``|a|`` and ``|b|``,
-    each normalised to sum 1 (the divergence itself is :func:`attnprobe.core.divergence.jsd`)."""
+    each normalised to sum 1 (the divergence itself is :func:`attnprobe.core.divergence.jsd`).
+
+    Example:
+        >>> jsd([1.0, 3.0], [2.0, 6.0])                 # the same after normalising
+        0.0
+        >>> jsd([1.0, 0.0], [0.0, 2.0]) == math.log(2)  # disjoint: ln 2
+        True
+    """
     x, y = _pair(a, b, names)
     p, q = _distribution(x, names[0]), _distribution(y, names[1])
     value = float(divergence.jsd(torch.from_numpy(p), torch.from_numpy(q)))
@@ -143,6 +170,14 @@ def agreement(x: TokenAttribution, y: TokenAttribution, *, k: int | None = None,
     Raises:
         InputError: different tokens, fewer than 2 compared tokens, a constant or all-zero
             vector (named by its method).
+
+    Example:
+        >>> tokens = ("[CLS]", "a", "cat", "sat")
+        >>> x = TokenAttribution(torch.tensor([0.0, 0.1, 0.5, 0.2]), tokens, "x", "class:1")
+        >>> y = TokenAttribution(10 * x.scores, tokens, "y", "class:1")   # y = 10 x
+        >>> scores = agreement(x, y, keep=[False, True, True, True])     # [CLS] left out
+        >>> scores["kendall_tau"][0], scores["topk_overlap"], round(scores["jsd"][0], 12)
+        (1.0, (1.0, None), 0.0)
     """
     for item in (x, y):
         if not isinstance(item, TokenAttribution):
@@ -183,6 +218,13 @@ def truth_scores(importance: Any, truth: Any) -> dict[str, float]:
         ``mass_on_truth``: share of ``Σ|importance|`` on true tokens;
         ``auroc``: probability that a true token outranks another token by ``|importance|``
         (rank formula, ties averaged: 1 = perfect, 0.5 = chance, 0 = reversed).
+
+    Example:
+        >>> found = truth_scores([0.9, 0.1, 0.6, 0.2], [True, False, True, False])
+        >>> found["precision_at_k"], found["auroc"]     # both true tokens rank first
+        (1.0, 1.0)
+        >>> round(found["mass_on_truth"], 4)            # (0.9 + 0.6) / 1.8
+        0.8333
     """
     from scipy.stats import rankdata
 

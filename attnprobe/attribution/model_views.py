@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.attribution.targets import TargetFn
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
-from attnprobe.attribution.view_common import Query, Target, one_text, read_query, resolve_query
-from attnprobe.capture import capture
+from attnprobe.attribution.view_common import Query, one_text, read_query, resolve_query
+from attnprobe.capture import Keep, Live, Values, capture
 from attnprobe.capture.info import causal_of
 from attnprobe.capture.sites import Site
 from attnprobe.capture.text import Truncation, encode, model_inputs
@@ -80,7 +81,7 @@ def _batch(model: nn.Module, tokenizer: Any, text: str, truncation: Truncation,
     return model_inputs(model, dict(inputs))
 
 
-def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
+def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: TargetFn, *,
                        truncation: Truncation = "error", max_length: int | None = None,
                        inputs: dict[str, torch.Tensor] | None = None
                        ) -> tuple[torch.Tensor, tuple[str, ...]]:
@@ -98,7 +99,7 @@ def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Targ
     with torch.enable_grad():
         with ExitStack() as stack:
             _require_grad_on_embeddings(model, stack)
-            cap = stack.enter_context(capture(model, keep=False, live=True))
+            cap = stack.enter_context(capture(model, parts=[Live()]))
             output = model(**inputs)
         fixed = getattr(target, "fixed", None)
         if callable(fixed):  # e.g. next-token: pick the token from this forward, then score
@@ -138,7 +139,7 @@ def attn_x_grad_matrix(model: nn.Module, tokenizer: Any, text: str, target: Targ
     return relevance, tokens
 
 
-def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Target, *,
+def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: TargetFn, *,
                          query: Query = "auto", truncation: Truncation = "error",
                          max_length: int | None = None) -> torch.Tensor:
     """Gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, generic rule).
@@ -163,6 +164,14 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
 
     Raises:
         InputError: inside ``torch.inference_mode()``, or when no gradient reaches the attention.
+
+    Example:
+        >>> target = ap.attribution.parse_target("next-token", lm, lm_tok)
+        >>> relevance = attention_x_gradient(lm, lm_tok, prompt, target)
+        >>> relevance.shape                             # [key]: the last token's row of R
+        torch.Size([17])
+        >>> bool(relevance[-1] >= 1)                    # R starts from I
+        True
     """
     relevance, _ = attn_x_grad_matrix(model, tokenizer, text, target, truncation=truncation,
                                       max_length=max_length)
@@ -207,7 +216,7 @@ def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int
     replace the text when given."""
     layers = list(layers)
     inputs = _batch(model, tokenizer, text, truncation, max_length, inputs)
-    with torch.no_grad(), capture(model, layers=layers, values=True,
+    with torch.no_grad(), capture(model, layers=layers, parts=[Keep(), Values()],
                                   tokenizer=tokenizer) as cap:
         model(**inputs)
     if not cap.values:
@@ -265,6 +274,13 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
 
     Raises:
         InputError: for any other model.
+
+    Example:
+        >>> norms = norm_based(model, tok, texts[0], layer=0)   # MiniLM: a BERT model
+        >>> norms.shape                                 # [head, query, key]
+        torch.Size([12, 9, 9])
+        >>> bool((norms >= 0).all())
+        True
     """
     check_norm_family(model)
     parts, _ = norm_parts(model, tokenizer, text, [layer], truncation=truncation,
@@ -282,6 +298,13 @@ def norm_importance(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
 
     Returns:
         ``[key]`` float64.
+
+    Example:
+        >>> row = norm_importance(model, tok, texts[0], layer=0)   # the [CLS] row (encoder)
+        >>> row.shape                                   # [key]
+        torch.Size([9])
+        >>> torch.allclose(row, norm_based(model, tok, texts[0], layer=0).mean(0)[0])
+        True
     """
     norms = norm_based(model, tokenizer, text, layer=layer, truncation=truncation,
                        max_length=max_length)

@@ -40,9 +40,10 @@ from attnprobe.capture.text import encode, model_inputs
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 
-__all__ = ["TARGET_KINDS", "Target", "parse_target"]
+__all__ = ["TARGET_KINDS", "Target", "TargetFn", "parse_target"]
 
 Inputs = Mapping[str, torch.Tensor]
+# what a target computes, and what the views that explain one take: a Target is one
 TargetFn = Callable[[Any, Inputs], torch.Tensor]
 
 
@@ -115,6 +116,16 @@ def parse_target(spec: str | Target | Callable[[Any, Inputs], torch.Tensor], mod
     Raises:
         InputError: unknown kind, class index out of range, token id outside the vocabulary,
             empty similarity text, or a model without logits for a logit target.
+
+    Example:
+        >>> target = parse_target("next-token", lm, lm_tok)     # chosen on a reference run
+        >>> ids = lm_tok([prompt], return_tensors="pt")
+        >>> logits = lm(**ids)                          # [batch, seq, vocab]
+        >>> fixed = target.fixed(logits, ids)
+        >>> fixed.spec == f"next-token:{int(logits[0, -1].argmax())}"
+        True
+        >>> torch.equal(fixed(logits, ids), logits[:, -1].max(-1).values)   # [batch]
+        True
     """
     if isinstance(spec, Target):
         return spec

@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from attnprobe.attribution.targets import TargetFn
 from attnprobe.attribution.view_common import (
     Query,
-    Target,
     layer_position,
     map_causal,
     one_text,
@@ -74,7 +74,7 @@ class ViewInput:
     text: str
     scope: Scope
     query: Query = "auto"
-    target: Target | None = None
+    target: TargetFn | None = None
     example_id: str = ""
     model: nn.Module | None = None
     tokenizer: Any = None

@@ -6,9 +6,8 @@ Which query row is read (``query``) is described in :mod:`attnprobe.attribution.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -19,7 +18,6 @@ from attnprobe.types import AttentionMap
 
 Query = Literal["auto", "cls", "first", "last", "mean", "max"] | int
 HeadReduce = Literal["mean", "max", "min"]
-Target = Callable[[Any, dict], torch.Tensor]
 
 QUERIES = ("auto", "cls", "first", "last", "mean", "max")
 HEAD_REDUCES = ("mean", "max", "min")

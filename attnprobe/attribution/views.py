@@ -54,13 +54,13 @@ from attnprobe.attribution.model_views import (
     norm_based,
     norm_importance,
 )
+from attnprobe.attribution.targets import TargetFn
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
 from attnprobe.attribution.view_common import HEAD_REDUCES as HEAD_REDUCES  # re-exported
 from attnprobe.attribution.view_common import QUERIES as QUERIES  # re-exported
 from attnprobe.attribution.view_common import (
     HeadReduce,
     Query,
-    Target,
     augmented,
     check_query,
     check_stack,
@@ -110,6 +110,13 @@ def raw(amap: AttentionMap, layer: int, *, head: int | Sequence[int] | None = No
 
     Returns:
         ``[key]`` float64.
+
+    Example:
+        >>> row = raw(amap, 0)     # layer 0, mean over heads, the [CLS] row (an encoder)
+        >>> row.shape, round(float(row.sum()), 6)       # [key]; a row of weights sums to 1
+        (torch.Size([9]), 1.0)
+        >>> torch.allclose(raw(amap, 0, head=3), amap.pattern[0, 3, 0].double())  # one head
+        True
     """
     if not isinstance(amap, AttentionMap):
         raise InputError(f"raw takes an AttentionMap; got {type(amap).__name__}")
@@ -138,6 +145,16 @@ def rollout(amap: AttentionMap, *, residual: bool = True,
 
     Returns:
         ``[layer, query, key]`` float64; every row sums to 1.
+
+    Example:
+        >>> joint = rollout(amap)                       # amap: [6, 12, 9, 9]
+        >>> joint.shape                                 # [layer, query, key]
+        torch.Size([6, 9, 9])
+        >>> torch.allclose(joint.sum(-1), torch.ones(6, 9, dtype=torch.float64))
+        True
+        >>> a0 = 0.5 * amap.pattern[0].mean(0).double() + 0.5 * torch.eye(9).double()
+        >>> torch.allclose(joint[0], a0 / a0.sum(-1, keepdim=True))   # Ã_0 = A_0
+        True
     """
     check_stack(amap, "rollout")
     aug = augmented(amap, residual=residual, head_reduce=head_reduce)
@@ -221,7 +238,7 @@ def run_views(views: Sequence[View], inp: ViewInput) -> list[TokenAttribution]:
 
 
 def attention_importance(model: nn.Module, tokenizer: Any, text: str,
-                         target: Target | None = None, *,
+                         target: TargetFn | None = None, *,
                          views: Sequence[ViewLike] | ViewLike | None = None,
                          scope: ScopeLike = "all", query: Query = "auto",
                          example_id: str = "", truncation: Truncation = "error",
@@ -247,6 +264,15 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
         layers; ``method`` is ``"{view}@L{layer}"`` (``"attn_x_grad"`` for that view),
         ``target`` the target's ``spec`` for ``attn_x_grad`` and ``""`` for views that need
         none.
+
+    Example:
+        >>> found = attention_importance(lm, lm_tok, prompt, views=["raw", "rollout"])
+        >>> [a.method for a in found]                   # per view, then per layer
+        ['raw@L0', 'raw@L1', 'rollout@L0', 'rollout@L1']
+        >>> found[0].scores.shape           # [key]: the last token's row (a causal model)
+        torch.Size([17])
+        >>> [a.to_frame() for a in found][0].columns.tolist()
+        ['example_id', 'method', 'target', 'position', 'token', 'score']
     """
     built = build_views(views, model=model, has_target=target is not None)
     one_text(text)
@@ -267,6 +293,13 @@ def map_importance(amap: AttentionMap, *, views: Sequence[ViewLike] | ViewLike |
     Args:
         amap: a self-attention map (rollout and flow need every layer from 0).
         views: default every registered view that does not run the model.
+
+    Example:
+        >>> found = map_importance(amap, views=["raw", "rollout"], scope="layer:5")
+        >>> [a.method for a in found]
+        ['raw@L5', 'rollout@L5']
+        >>> found[0].tokens == amap.key_tokens, found[0].scores.shape     # [key]
+        (True, torch.Size([9]))
     """
     if not isinstance(amap, AttentionMap):
         raise InputError(f"map_importance takes an AttentionMap; got {type(amap).__name__}")

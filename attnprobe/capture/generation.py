@@ -227,6 +227,15 @@ def generate_maps(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
     Raises:
         InputError: ``generate`` < 1, an encoder or encoder-decoder model, a model without a
             language-model head, or a prompt that leaves no room for ``generate`` tokens.
+
+    Example:
+        >>> g = generate_maps(lm, lm_tok, [prompt], 4)[0]
+        >>> g.prompt_length, len(g.ids)                 # [BOS] + 16 tokens, 4 generated
+        (17, 21)
+        >>> g.amap.pattern.shape                        # [layer, head, P + N, P + N]
+        torch.Size([2, 4, 21, 21])
+        >>> bool((g.amap.pattern.triu(1) == 0).all())   # causal: no row reads a later key
+        True
     """
     check_generation(model, generate)
     corpus, room = generation_corpus(model, tokenizer, texts, generate, truncation=truncation,

@@ -28,13 +28,29 @@ SIBLINGS = {"scores": SCORES_SUFFIX, "q": "hook_q", "k": "hook_k", "v": "hook_v"
 
 
 def count_hooks(model: nn.Module) -> int:
-    """All forward, forward-pre and backward hooks on every module of ``model``."""
+    """All forward, forward-pre and backward hooks on every module of ``model``.
+
+    Example:
+        >>> ids = lm_tok([prompt], return_tensors="pt")
+        >>> with ap.capture(lm) as cap:                 # lm's hook points get hooks
+        ...     during = count_hooks(lm)
+        ...     _ = lm(**ids)
+        >>> during > 0, count_hooks(lm)                 # and none are left after
+        (True, 0)
+    """
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
                + len(getattr(m, "_backward_pre_hooks", {})) for m in model.modules())
 
 
 def hook_point_paths(model: nn.Module) -> list[str]:
-    """Paths of ``HookPoint`` modules named ``...hook_pattern`` (reference-model convention)."""
+    """Paths of ``HookPoint`` modules named ``...hook_pattern`` (reference-model convention).
+
+    Example:
+        >>> hook_point_paths(lm)                        # a 2-layer reference model
+        ['blocks.0.attn.hook_pattern', 'blocks.1.attn.hook_pattern']
+        >>> hook_point_paths(model)                     # a transformers model has none
+        []
+    """
     return [name for name, mod in model.named_modules()
             if isinstance(mod, HookPoint) and name.rsplit(".", 1)[-1] == PATTERN_SUFFIX]
 

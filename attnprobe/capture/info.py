@@ -43,7 +43,15 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
     """Describe ``model``; the config wins, the counts seen during capture fill in the rest.
     ``dtype``: what the attention weights were computed in, when known (under autocast it
     differs from the parameters' dtype, the default). ``tokenizer``: records how its tokens
-    spell text (:func:`attnprobe.core.tokens.token_style`)."""
+    spell text (:func:`attnprobe.core.tokens.token_style`).
+
+    Example:
+        >>> info = model_info(model, implementation="sdpa")
+        >>> info.arch, info.n_layers, info.n_heads, info.causal    # MiniLM: a BERT encoder
+        ('bert', 6, 12, False)
+        >>> model_info(lm, implementation="hook").causal
+        True
+    """
     config = getattr(model, "config", None)
     name = (getattr(model, "attnprobe_name", None) or getattr(config, "_name_or_path", None)
             or type(model).__name__)
@@ -88,6 +96,10 @@ def attention_sizes(model: nn.Module) -> tuple[int, int]:
     the depth for layers that share a module, :func:`~attnprobe.capture.discovery.
     layer_depths`), heads come from the config (``num_attention_heads``, ``n_heads`` ...), as
     in :func:`model_info`.
+
+    Example:
+        >>> attention_sizes(model), attention_sizes(lm)
+        ((6, 12), (2, 4))
     """
     if hf.is_hf_model(model):
         sites = discovery.hf_sites(model)
@@ -101,6 +113,14 @@ def attention_sizes(model: nn.Module) -> tuple[int, int]:
 
 
 def model_scope(model: nn.Module, scope: ScopeLike) -> Scope:
-    """``scope`` parsed and checked against the model's layers and heads (one-line error)."""
+    """``scope`` parsed and checked against the model's layers and heads (one-line error).
+
+    Example:
+        >>> model_scope(lm, "L1H3")
+        Scope('head:1.3')
+        >>> model_scope(lm, "layer:5")                  # lm has 2 layers
+        Traceback (most recent call last):
+        attnprobe.errors.InputError: ...
+    """
     n_layers, n_heads = attention_sizes(model)
     return Scope.parse(scope).validate(n_layers, n_heads, name=type(model).__name__)

@@ -40,7 +40,13 @@ def _out_dtype(p: torch.Tensor) -> torch.dtype:
 
 def tvd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Total variation distance ``½ Σ_i |p_i − q_i|`` over the last axis (broadcasts):
-    ``[...]``, summed in float64 and returned in the inputs' dtype."""
+    ``[...]``, summed in float64 and returned in the inputs' dtype.
+
+    Example:
+        >>> p = torch.tensor([[1.0, 0.0], [0.5, 0.5]])    # [row, key]
+        >>> tvd(p, torch.tensor([0.0, 1.0]))              # disjoint rows; half the mass moved
+        tensor([1.0000, 0.5000])
+    """
     p, q = _pair(p, q, "tvd")
     return (0.5 * (p.double() - q.double()).abs().sum(-1)).to(_out_dtype(p))
 
@@ -53,6 +59,13 @@ def jsd(p: torch.Tensor, q: torch.Tensor, *, eps: float = 0.0) -> torch.Tensor:
     in the inputs' dtype. ``eps > 0`` adds ``eps`` inside the logarithms and keeps the inputs'
     dtype, so the gradient stays finite where both rows are 0 (Jain & Wallace's adversarial
     search optimises through it with ``eps = 1e-10``).
+
+    Example:
+        >>> p = torch.tensor([[1.0, 0.0], [0.5, 0.5]])    # [row, key]
+        >>> jsd(p, torch.tensor([0.0, 1.0]))[0] / np.log(2)   # disjoint supports: ln 2
+        tensor(1.)
+        >>> jsd(p, p)                                     # equal rows
+        tensor([0., 0.])
     """
     p, q = _pair(p, q, "jsd")
     if eps > 0:

@@ -25,7 +25,12 @@ FORMAT_VERSION = 1
 
 def maps_paths(path: str | Path) -> tuple[Path, Path]:
     """``(npz, json)``: where ``save_maps`` writes maps given ``path`` (``.npz`` added unless
-    present) and the ``.json`` sidecar next to it."""
+    present) and the ``.json`` sidecar next to it.
+
+    Example:
+        >>> [str(p) for p in maps_paths("runs/maps")]
+        ['runs/maps.npz', 'runs/maps.json']
+    """
     path = Path(path)
     npz = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
     return npz, npz.with_suffix(".json")
@@ -33,7 +38,17 @@ def maps_paths(path: str | Path) -> tuple[Path, Path]:
 
 def is_maps_sidecar(path: str | Path) -> bool:
     """Whether ``path`` is a ``.json`` sidecar written by ``save_maps`` (saving maps may
-    replace it; any other file there is the user's and is never overwritten)."""
+    replace it; any other file there is the user's and is never overwritten).
+
+    Example:
+        >>> ap.save_maps(maps, "saved")
+        PosixPath('saved.npz')
+        >>> is_maps_sidecar("saved.json")
+        True
+        >>> _ = Path("mine.json").write_text('{"maps": 3}')
+        >>> is_maps_sidecar("mine.json")
+        False
+    """
     try:
         spec = json.loads(Path(path).read_bytes())
     except (OSError, ValueError, RecursionError):

@@ -42,7 +42,12 @@ _LAYER_ITEM = re.compile(r"^l?(\d+)(?:-(\d+))?$")
 
 
 def head_id(layer: int, head: int) -> str:
-    """The conventional head label, e.g. ``L3H5`` (0-based model indices)."""
+    """The conventional head label, e.g. ``L3H5`` (0-based model indices).
+
+    Example:
+        >>> head_id(3, 5)
+        'L3H5'
+    """
     return f"L{layer}H{head}"
 
 

@@ -114,7 +114,17 @@ def _id_tensor(values: Iterable[int]) -> torch.Tensor:
 
 def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
     """Id sets per token class: each role the tokenizer has (``cls``, ``sep``, ``bos``,
-    ``eos``), ``special`` (every special token, :func:`special_ids`) and ``punct``."""
+    ``eos``), ``special`` (every special token, :func:`special_ids`) and ``punct``.
+
+    Example:
+        >>> classes = token_classes(tok)                # MiniLM's BERT tokenizer
+        >>> sorted(classes)
+        ['cls', 'punct', 'sep', 'special']
+        >>> classes["cls"].tolist() == [tok.cls_token_id]
+        True
+        >>> tok.convert_tokens_to_ids(".") in classes["punct"].tolist()
+        True
+    """
     classes = {role: _id_tensor([i]) for role, i in _role_ids(tokenizer).items()}
     special = special_ids(tokenizer)
     classes["special"] = _id_tensor(special)

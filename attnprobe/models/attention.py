@@ -65,6 +65,16 @@ def scaled_dot_product(
 
     Raises:
         InputError: bad shapes, a non-bool mask, or a query row with no allowed key.
+
+    Example:
+        >>> draw = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 8, generator=draw).unbind(0)  # [batch, head, seq, d]
+        >>> out = scaled_dot_product(q, k, v, None, HookPoint(), HookPoint(), causal=True)
+        >>> out.shape                                   # [batch, head, query, dv]
+        torch.Size([1, 2, 5, 8])
+        >>> sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, sdpa, atol=1e-6)
+        True
     """
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
         raise InputError(

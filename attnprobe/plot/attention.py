@@ -114,6 +114,14 @@ def attention_head(attention: AttentionMap | pd.DataFrame, layer: int, head: int
 
     Raises:
         InputError: a head that is not in the map, an empty or malformed table.
+
+    Example:
+        >>> fig = ap.plot.attention_head(amap, 0, 2)     # amap: [6, 12, 9, 9]
+        >>> heat = fig.axes[0]                          # fig.axes[1] is the colour bar
+        >>> heat.get_title(), len(heat.get_xticklabels()), len(heat.get_yticklabels())
+        ('L0H2 · example 0', 9, 9)
+        >>> same = ap.plot.attention_head(amap.to_frame(), 0, 2)   # or from its table
+        >>> fig.savefig("L0H2.svg")
     """
     found = head_weights(attention, example_id=example_id, stack=stack, kind=kind)
     weights = found.head(layer, head)
@@ -150,6 +158,13 @@ def model_view(attention: AttentionMap | pd.DataFrame, *, scope: ScopeLike = Non
 
     Returns:
         A matplotlib ``Figure`` (one Axes per grid cell, row-major).
+
+    Example:
+        >>> fig = ap.plot.model_view(amap, scope="layers:0-1")   # 2 layers × 12 heads
+        >>> len(fig.axes)                               # 24 thumbnails and the colour bar
+        25
+        >>> [a.get_title() for a in fig.axes[:3]]
+        ['H0', 'H1', 'H2']
     """
     found = head_weights(attention, example_id=example_id, stack=stack, kind=kind)
     chosen = Scope.parse(scope)

@@ -83,6 +83,14 @@ def agreement_by_layer(comparison: Any, *, metric: str = "kendall_tau",
     Returns:
         A matplotlib ``Figure`` (or ``ax``); per panel, one ``Line2D`` per view whose points
         are ``(layer, mean)``.
+
+    Example:
+        >>> c = ap.attribution.compare(lm, lm_tok, [prompt], "next-token",
+        ...                            methods=["saliency"], views=["raw", "rollout"])
+        >>> fig = ap.plot.agreement_by_layer(c, metric="spearman")
+        >>> panel = fig.axes[0]
+        >>> panel.get_title(), [line.get_xdata().tolist() for line in panel.lines[:2]]
+        ('attention vs saliency', [[0, 1], [0, 1]])
     """
     summary = agreement_summary(comparison)
     metrics = list(dict.fromkeys(summary["metric"].astype(str)))
@@ -197,6 +205,15 @@ def token_heat(attributions: Any, *, example_id: str | None = None, target: str 
     Returns:
         A matplotlib ``Figure`` (or ``ax``); the heatmap is one ``QuadMesh`` of methods ×
         tokens.
+
+    Example:
+        >>> ids = lm_tok([prompt], return_tensors="pt")
+        >>> found = ap.attribution.attribute_inputs(lm, lm_tok, [ids], "next-token",
+        ...                                         ["saliency", "leave_one_out"])
+        >>> fig = ap.plot.token_heat(found)             # a row per method, a cell per token
+        >>> heat = fig.axes[0]
+        >>> len(heat.get_yticklabels()), len(heat.get_xticklabels())   # 2 methods, 17 tokens
+        (2, 17)
     """
     table = _pick(_pick(token_scores(attributions), "example_id", example_id), "target", target)
     present = known_subset(list(dict.fromkeys(table["method"].astype(str))), methods,

@@ -69,6 +69,14 @@ def logit_attribution(result: Any, *, annotate: bool | None = None, cmap: str = 
     Returns:
         A matplotlib ``Figure`` with two Axes: the heatmap (one ``QuadMesh`` of layers ×
         heads) and the horizontal bars (one per group, in model order).
+
+    Example:
+        >>> dla = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:next",
+        ...                                  positions="all")
+        >>> fig = ap.plot.logit_attribution(dla)
+        >>> heat = fig.axes[0]                          # layer × head
+        >>> heat.get_title(), len(heat.get_yticklabels()), len(heat.get_xticklabels())
+        ('logit:next per head, 1 example(s)', 2, 4)
     """
     table = _table(result, DLA_COLUMNS, "a LogitAttribution")
     n_layers = getattr(result, "n_layers", None)
@@ -120,6 +128,12 @@ def composition(result: Any, *, kinds: Sequence[str] | None = None, value: str =
     Returns:
         A matplotlib ``Figure`` with one Axes per kind, each one ``QuadMesh`` (NaN where the
         reader is not in a later layer); the titles give the baseline.
+
+    Example:
+        >>> comp = ap.heads.composition(lm)             # pre-norm: 2 layers × 4 heads
+        >>> fig = ap.plot.composition(comp, kinds=["k", "v"], value="ratio")
+        >>> [a.get_title().split(" (")[0] for a in fig.axes[:2]]    # then one colour bar
+        ['k-composition', 'v-composition']
     """
     table = _table(result, COMPOSITION_COLUMNS, "a Composition")
     present = list(dict.fromkeys(table["kind"].astype(str)))

@@ -117,22 +117,30 @@ def check_table(table: pd.DataFrame, columns: Iterable[str], what: str) -> pd.Da
     return table
 
 
+def one_value(table: pd.DataFrame, column: str, wanted: Any, what: str) -> pd.DataFrame:
+    """The rows with ``column == wanted`` (compared as text); without ``wanted``, the table,
+    whose ``column`` must then hold one value. A table without ``column`` is itself one
+    value, but cannot be filtered: both errors are one line naming ``what``."""
+    if column not in table.columns:
+        if wanted is not None:
+            raise InputError(f"{what} has no {column!r} column; leave {column}=None")
+        return table
+    values = list(dict.fromkeys(table[column].astype(str)))
+    if wanted is None:
+        if len(values) > 1:
+            raise InputError(f"{what} holds several {column}s {values}; pass {column}=")
+        return table
+    if str(wanted) not in values:
+        raise InputError(f"{what} has no {column} {wanted!r}; it has {values}")
+    return table[table[column].astype(str) == str(wanted)]
+
+
 def one_stack(table: pd.DataFrame, stack: str | None, kind: str | None,
               what: str) -> pd.DataFrame:
     """The rows of one attention stack (``stack``/``kind`` columns, when the table has them):
     the one there is, or the one asked for; several without a choice is an error."""
     for column, wanted in (("stack", stack), ("kind", kind)):
-        if column not in table.columns:
-            if wanted is not None:
-                raise InputError(f"{what} has no {column!r} column; leave {column}=None")
-            continue
-        values = list(dict.fromkeys(table[column].astype(str)))
-        if wanted is not None:
-            if wanted not in values:
-                raise InputError(f"{what}: no {column} {wanted!r}; it has {values}")
-            table = table[table[column].astype(str) == wanted]
-        elif len(values) > 1:
-            raise InputError(f"{what} covers several {column}s {values}; pass {column}=")
+        table = one_value(table, column, wanted, what)
     return table
 
 

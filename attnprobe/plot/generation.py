@@ -85,6 +85,13 @@ def generation_attention(attention: AttentionMap, *, layer: int | None = None,
 
     Returns:
         A matplotlib ``Figure`` with the heatmap, its colour bar and the prompt-share axes.
+
+    Example:
+        >>> generated = ap.extract(lm, lm_tok, [prompt], generate=4)[0]   # [2, 4, 21, 21]
+        >>> fig = ap.plot.generation_attention(generated, layer=1)
+        >>> heat = fig.axes[0]                          # one row per generated token
+        >>> len(heat.get_yticklabels()), len(heat.get_xticklabels())   # 4 steps × 21 keys
+        (4, 21)
     """
     weights = generation_weights(attention, layer=layer, head=head, reduce=reduce)
     n_gen, n_keys = weights.shape

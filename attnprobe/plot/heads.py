@@ -73,6 +73,12 @@ def head_grid(census: Any, *, by: str = "label", stack: str | None = None,
 
     Returns:
         A matplotlib ``Figure`` (or ``ax``); the grid is one ``AxesImage`` of RGBA cells.
+
+    Example:
+        >>> fig = ap.plot.head_grid(lm_census)          # or lm_census.classify()
+        >>> grid = fig.axes[0]
+        >>> grid.get_title(), grid.images[0].get_array().shape     # layer × head × RGBA
+        ('8 heads by label', (2, 4, 4))
     """
     table = _classified(census, by, stack, kind)
     matrix = head_matrix(table.assign(**{by: table[by].astype(str)}), by, what="classified table")
@@ -138,6 +144,14 @@ def layer_profile(census: Any, *, by: str = "label", stack: str | None = None,
 
     Returns:
         A matplotlib ``Figure`` (or ``ax``); one ``BarContainer`` per label, in legend order.
+
+    Example:
+        >>> fig = ap.plot.layer_profile(lm_census)
+        >>> bars = fig.axes[0].containers               # one stack segment per label
+        >>> len(bars) == lm_census.classify()["label"].nunique()
+        True
+        >>> [round(float(sum(b[i].get_height() for b in bars)), 6) for i in range(2)]
+        [1.0, 1.0]
     """
     shares = _shares(census, by, stack, kind)
     present = [v for v in label_order(shares.columns) if (shares[v] > 0).any()]
@@ -196,6 +210,14 @@ def head_clusters(census: Any, *, n_clusters: int = 6, labels: Any = None, by: s
     Returns:
         A matplotlib ``Figure`` (or ``ax``); one ``PathCollection`` per cluster whose face
         colours are the heads' label colours.
+
+    Example:
+        >>> fig = ap.plot.head_clusters(lm_census, n_clusters=3)
+        >>> points = fig.axes[0].collections            # one marker set per cluster
+        >>> len(points) == lm_census.clusters(3)["cluster"].nunique()
+        True
+        >>> sum(len(p.get_offsets()) for p in points)   # every head once
+        8
     """
     table = _clustered(census, n_clusters, labels, by, stack, kind)
     clusters = table["cluster"] if "cluster" in table.columns else pd.Series(1, table.index)

@@ -37,6 +37,14 @@ def offset_profile(census: Any, *, value: str = "mass", scope: ScopeLike = None,
 
     Returns:
         A matplotlib ``Figure`` (or ``ax``); the heatmap is one ``QuadMesh`` of heads × offsets.
+
+    Example:
+        >>> fig = ap.plot.offset_profile(lm_census, window=4)   # or lm_census.offsets()
+        >>> heat = fig.axes[0]
+        >>> len(heat.get_yticklabels())                 # one row per head
+        8
+        >>> heat.collections[0].get_array().shape       # heads × offsets -4..4
+        (8, 9)
     """
     table = table_from(census, "offsets", "a Census")
     check_table(table, ("layer", "head", "offset", value), "offsets table")

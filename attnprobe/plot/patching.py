@@ -17,23 +17,11 @@ import pandas as pd
 
 from attnprobe.errors import InputError
 from attnprobe.patch.table import summary
-from attnprobe.plot.common import axes_for, check_table, done, seaborn
+from attnprobe.plot.common import axes_for, check_table, done, one_value, seaborn
 
 __all__ = ["patching_effect"]
 
 WHAT = "patching table"
-
-
-def _one(table: pd.DataFrame, column: str, wanted: Any) -> pd.DataFrame:
-    """Rows with ``column == wanted``; without ``wanted``, the one value there must be."""
-    values = list(dict.fromkeys(table[column].astype(str)))
-    if wanted is None:
-        if len(values) > 1:
-            raise InputError(f"{WHAT} holds several {column}s {values}; pass {column}=")
-        return table
-    if str(wanted) not in values:
-        raise InputError(f"{WHAT} has no {column} {wanted!r}; it has {values}")
-    return table[table[column].astype(str) == str(wanted)]
 
 
 def _name(layer: Any, head: Any) -> str:
@@ -101,8 +89,7 @@ def patching_effect(table: pd.DataFrame, *, value: str = "effect",
     check_table(table, ("layer", "head", "position", value), WHAT)
     for column, wanted in (("experiment", experiment), ("site", site),
                            ("direction", direction), ("metric", metric)):
-        if column in table.columns:
-            table = _one(table, column, wanted)
+        table = one_value(table, column, wanted, WHAT)
     means = table if "n_examples" in table.columns else summary(table)
     if "receivers" in means.columns and means["receivers"].nunique() > 1:
         raise InputError(f"{WHAT} holds several receiver sets; plot one at a time")

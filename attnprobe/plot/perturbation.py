@@ -22,6 +22,7 @@ from attnprobe.plot.common import (
     check_table,
     done,
     head_matrix,
+    one_value,
     seaborn,
     single_head,
 )
@@ -51,22 +52,6 @@ def one_head_rows(table: pd.DataFrame) -> pd.DataFrame:
         raise InputError("perturbation table needs layer/head columns or a scope column")
     keep = layer.notna() & head.notna()
     return table[keep].assign(layer=layer[keep].astype(int), head=head[keep].astype(int))
-
-
-def _only(table: pd.DataFrame, column: str, wanted: Any, what: str) -> pd.DataFrame:
-    """Rows with ``column == wanted``; without ``wanted``, the single value there is."""
-    if column not in table.columns:
-        if wanted is not None:
-            raise InputError(f"{what} has no {column!r} column")
-        return table
-    values = list(dict.fromkeys(table[column].astype(str)))
-    if wanted is None:
-        if len(values) > 1:
-            raise InputError(f"{what} holds several {column}s {values}; pass {column}=")
-        return table
-    if str(wanted) not in values:
-        raise InputError(f"{what} has no {column} {wanted!r}; it has {values}")
-    return table[table[column].astype(str) == str(wanted)]
 
 
 def _steps(table: pd.DataFrame, step: int | None, what: str) -> pd.DataFrame:
@@ -102,10 +87,18 @@ def head_effects(table: pd.DataFrame, *, metric: str | None = None,
 
     Returns:
         A matplotlib ``Figure`` (or ``ax``); the heatmap is one ``QuadMesh`` of layers × heads.
+
+    Example:
+        >>> table = ap.perturb.run(lm, lm_tok, [prompt], "ablate", sweep="head",
+        ...                        metric="logit:next", positions=list(range(9, 16)))
+        >>> fig = ap.plot.head_effects(table)           # each head zeroed alone
+        >>> heat = fig.axes[0]
+        >>> heat.get_title(), heat.collections[0].get_array().shape   # layer × head
+        ('ablate: logit:next per head, 1 example(s)', (2, 4))
     """
     what = "perturbation table"
     check_table(table, ("metric", value), what)
-    rows = one_head_rows(_only(table, "experiment", experiment, what))
+    rows = one_head_rows(one_value(table, "experiment", experiment, what))
     if rows.empty:
         raise InputError(f"{what}: no row covers exactly one head; run each head alone "
                          "(a sweep over heads, or scope='head:L.H')")
@@ -155,7 +148,7 @@ def _curves(table: pd.DataFrame, metric: str | Sequence[str] | None,
     what = "perturbation table"
     check_table(table, ("step", "metric", "baseline", "perturbed"), what)
     if "experiment" in table.columns:
-        table = _only(table, "experiment", experiment, what)
+        table = one_value(table, "experiment", experiment, what)
     rows = table[table["step"].notna()]
     if rows.empty:
         raise InputError(f"{what} has no pruning steps; run the 'importance' experiment")
@@ -195,6 +188,15 @@ def pruning_curve(table: pd.DataFrame, *, metric: str | Sequence[str] | None = N
     Returns:
         A matplotlib ``Figure`` (or ``ax``): one ``Line2D`` per metric with one point per
         step plus the unpruned point.
+
+    Example:
+        >>> def copied(output, inputs):                 # the second copy, predicted
+        ...     return (output[0, 8:-1].argmax(-1) == inputs["input_ids"][0, 9:]).float().mean()
+        >>> curve = ap.perturb.pruning_curve(lm, lm_tok, [prompt], copied,
+        ...                                  [(1, 0), (1, 1), (1, 2), (1, 3)])
+        >>> fig = ap.plot.pruning_curve(curve)
+        >>> [line.get_xdata().tolist() for line in fig.axes[0].lines]   # heads pruned
+        [[0, 1, 2, 3, 4]]
     """
     if not isinstance(table, pd.DataFrame):
         raise InputError(f"expected a perturbation table (DataFrame); got {type(table).__name__}")

@@ -18,9 +18,17 @@ from attnprobe.tasks.metrics import (
     sequence_accuracy,
 )
 from attnprobe.tasks.needle import Needles, greedy_continuation, needle_task
-from attnprobe.tasks.synthetic import BOS, EOS, PAD, TASKS, TaskBatch, lexicon, make_batch
+from attnprobe.tasks.synthetic import (
+    ALIGNMENT_TASKS,
+    BOS,
+    EOS,
+    PAD,
+    TaskBatch,
+    lexicon,
+    make_batch,
+)
 
-__all__ = ["BOS", "EOS", "PAD", "TASKS", "CopyStep", "Needles", "TaskBatch",
+__all__ = ["ALIGNMENT_TASKS", "BOS", "EOS", "PAD", "CopyStep", "Needles", "TaskBatch",
            "alignment_accuracy", "alignment_error_rate", "attention_aer", "copy_scores",
            "copy_steps", "copy_task", "corpus_bleu", "gold_mass", "greedy_continuation", "held_out",
            "lexicon", "make_batch", "needle_task", "prefix_text", "sequence_accuracy"]

@@ -47,6 +47,15 @@ def held_out(n: int, seed: int = HELD_OUT_SEED, *, tokenizer: WordTokenizer | No
     refused here, since it would replay the first training batches. ``recipe``: the
     training recipe (default :class:`~attnprobe.models.induction.Recipe`); ``seq_len``
     overrides its length.
+
+    Example:
+        >>> segments = held_out(4, tokenizer=lm_tok)    # 4 sequences of ref:induction's data
+        >>> segments.input_ids.shape                    # [sequence, Recipe().seq_len]
+        torch.Size([4, 48])
+        >>> bool((segments.input_ids[:, 0] == lm_tok.bos_token_id).all())
+        True
+        >>> torch.equal(held_out(4, tokenizer=lm_tok).input_ids, segments.input_ids)  # seeded
+        True
     """
     recipe = recipe if recipe is not None else Recipe()
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -92,7 +101,18 @@ class CopyStep:
 def copy_steps(segments: Segments, *, per_sequence: int | None = 1,
                seed: int = 0) -> list[CopyStep]:
     """Second-copy positions drawn uniformly from each sequence (``per_sequence`` of them,
-    without replacement, in position order; ``None``: every one)."""
+    without replacement, in position order; ``None``: every one).
+
+    Example:
+        >>> segments = held_out(4, tokenizer=lm_tok)
+        >>> steps = copy_steps(segments)                # one per sequence
+        >>> len(steps)
+        4
+        >>> ids = segments.input_ids
+        >>> all(ids[s.example, s.position] == ids[s.example, s.source]      # the same token
+        ...     and ids[s.example, s.position + 1] == ids[s.example, s.target] for s in steps)
+        True
+    """
     if per_sequence is not None and (isinstance(per_sequence, bool)
                                      or not isinstance(per_sequence, int) or per_sequence < 1):
         raise InputError(f"per_sequence must be a positive integer or None; got "
@@ -114,7 +134,18 @@ def copy_steps(segments: Segments, *, per_sequence: int | None = 1,
 
 def prefix_text(segments: Segments, tokenizer: Any, step: CopyStep) -> str:
     """The text of ``input_ids[step.example, :step.position + 1]`` without ``[BOS]``: its
-    last token is the query whose next token copies ``step.target``."""
+    last token is the query whose next token copies ``step.target``.
+
+    Example:
+        >>> segments = held_out(1, tokenizer=lm_tok)
+        >>> step = copy_steps(segments)[0]
+        >>> text = prefix_text(segments, lm_tok, step)
+        >>> len(text.split()) == step.position          # tokens 1..position; [BOS] left out
+        True
+        >>> ids = lm_tok([text], return_tensors="pt")["input_ids"]     # [BOS] put back
+        >>> torch.equal(ids[0], segments.input_ids[0, :step.position + 1])
+        True
+    """
     _check_bos(segments, tokenizer)
     n_sequences, seq_len = segments.input_ids.shape
     if not (0 <= step.example < n_sequences and 0 < step.position < seq_len
@@ -149,6 +180,17 @@ def copy_task(segments: Segments) -> SecondCopies:
     """``segments`` as a copy task on exactly the positions :func:`copy_scores` scores as
     ``second``, so ``ap.heads.copy_accuracy(model, tok, copy_task(segments))`` pooled over
     examples (``correct.sum() / copy_steps.sum()``) is ``copy_scores``' second-copy accuracy.
+
+    Example:
+        >>> segments = held_out(4, tokenizer=lm_tok)
+        >>> task = copy_task(segments)                  # fields [example, seq]
+        >>> scored = copy_scores(lm, segments).set_index("half")
+        >>> acc = ap.heads.copy_accuracy(lm, lm_tok, task)
+        >>> int(acc["copy_steps"].sum()) == int(scored.loc["second", "positions"])
+        True
+        >>> bool(np.isclose(acc["correct"].sum() / acc["copy_steps"].sum(),
+        ...                 scored.loc["second", "accuracy"]))
+        True
     """
     ids = segments.input_ids
     steps = segments.second_half.clone()
@@ -182,6 +224,16 @@ def copy_scores(model: nn.Module, segments: Segments, *, batch_size: int = 64) -
     Returns:
         Two rows, ``half`` ``first`` / ``second``: ``accuracy`` (share of argmax = next
         token), ``loss`` (mean cross-entropy, nats) and ``positions`` (how many were scored).
+
+    Example:
+        >>> segments = held_out(4, tokenizer=lm_tok)
+        >>> scores = copy_scores(lm, segments)
+        >>> scores.columns.tolist(), scores["half"].tolist()
+        (['half', 'accuracy', 'loss', 'positions'], ['first', 'second'])
+        >>> int(scores["positions"].iloc[1]) == int(segments.second_half[:, :-1].sum())
+        True
+        >>> with ap.perturb.perturbed(lm, "zero", scope="layer:1"):   # ablate layer 1
+        ...     ablated = copy_scores(lm, segments)
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")

@@ -75,7 +75,7 @@ class KeyTokenTask:
     min_len: int = 1
 
 
-TASKS: Registry[KeyTokenTask] = Registry("key-token task")
+KEY_TOKEN_TASKS: Registry[KeyTokenTask] = Registry("key-token task")
 
 
 def _randint(low: int, high: int, gen: torch.Generator) -> int:
@@ -129,15 +129,15 @@ def _sample_first_last(label: int, length: int, vocab: tuple[str, ...],
     return words
 
 
-TASKS.register("contains")(KeyTokenTask(
+KEY_TOKEN_TASKS.register("contains")(KeyTokenTask(
     name="contains", sample=_sample_contains,
     label=lambda words: int(KEY in words),
     decisive=lambda words: [w == KEY for w in words]))
-TASKS.register("count")(KeyTokenTask(
+KEY_TOKEN_TASKS.register("count")(KeyTokenTask(
     name="count", sample=_sample_count,
     label=lambda words: int(list(words).count(A) > list(words).count(B)),
     decisive=lambda words: [w in (A, B) for w in words]))
-TASKS.register("first_last")(KeyTokenTask(
+KEY_TOKEN_TASKS.register("first_last")(KeyTokenTask(
     name="first_last", sample=_sample_first_last,
     label=lambda words: int(words[0] == words[-1]),
     decisive=lambda words: [i in (0, len(words) - 1) for i in range(len(words))],
@@ -146,9 +146,9 @@ TASKS.register("first_last")(KeyTokenTask(
 
 def get_task(task: str) -> KeyTokenTask:
     """The registered task ``task``; InputError naming the choices if unknown."""
-    if not isinstance(task, str) or task not in TASKS:
-        raise InputError(one_of("key-token task", task, TASKS.names()))
-    return TASKS.get(task)
+    if not isinstance(task, str) or task not in KEY_TOKEN_TASKS:
+        raise InputError(one_of("key-token task", task, KEY_TOKEN_TASKS.names()))
+    return KEY_TOKEN_TASKS.get(task)
 
 
 # ------------------------------------------------------------------ data
@@ -211,7 +211,7 @@ def make_examples(task: str, n: int, *, min_len: int = 4, max_len: int = 12,
     """``n`` examples of ``task`` with balanced labels, deterministic from ``seed``.
 
     Args:
-        task: a name in :data:`TASKS` (``contains``, ``count``, ``first_last``).
+        task: a name in :data:`KEY_TOKEN_TASKS` (``contains``, ``count``, ``first_last``).
         n: number of examples (>= 1).
         min_len, max_len: word count of each text (``[BOS]`` not included), uniform.
         vocab_words: vocabulary size, the first ``vocab_words`` of :data:`WORDS`.

@@ -107,6 +107,18 @@ def needle_task(n: int, *, length: int, depth: float, needle_len: int = 16,
     Raises:
         InputError: sizes that do not fit (no copy step, a haystack shorter than the needle,
             a context longer than the tokenizer's positions).
+
+    Example:
+        >>> needles = needle_task(2, length=64, depth=0.5, needle_len=8)
+        >>> needles.input_ids.shape                     # [example, length]
+        torch.Size([2, 64])
+        >>> needles.copy_start                          # the final copy: the last 8 tokens
+        56
+        >>> int((needles.target >= 0).sum(-1)[0])       # copy steps: needle_len - prefix_len
+        6
+        >>> start = int(needles.needle_start[0])        # the needle, then its copy
+        >>> torch.equal(needles.input_ids[0, start:start + 8], needles.input_ids[0, 56:])
+        True
     """
     tokenizer = induction_tokenizer() if tokenizer is None else tokenizer
     check_number("n", n, integer=True, minimum=1)
@@ -163,6 +175,13 @@ def greedy_continuation(model: nn.Module, needles: Needles, *,
 
     Returns ``[example, needle_len - prefix_len]`` bool: each generated token is the
     needle's. Runs one forward per generated token (reference models keep no cache).
+
+    Example:
+        >>> needles = needle_task(2, length=32, depth=0.5, needle_len=6)
+        >>> hits = greedy_continuation(lm, needles)     # [example, needle_len - prefix_len]
+        >>> hits.shape, hits.dtype
+        (torch.Size([2, 4]), torch.bool)
+        >>> hits.float().mean()                         # share of needle tokens retrieved
     """
     check_number("batch_size", batch_size, integer=True, minimum=1)
     param = next(model.parameters(), None)

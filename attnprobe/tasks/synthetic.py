@@ -30,20 +30,20 @@ FIRST_WORD = 3
 
 # alignment function: (source words [n], generator) -> π as LongTensor [n]
 Alignment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
-TASKS: Registry[Alignment] = Registry("task")
+ALIGNMENT_TASKS: Registry[Alignment] = Registry("alignment task")
 
 
-@TASKS.register("copy")
+@ALIGNMENT_TASKS.register("copy")
 def _copy(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.arange(len(words))
 
 
-@TASKS.register("reverse")
+@ALIGNMENT_TASKS.register("reverse")
 def _reverse(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.arange(len(words) - 1, -1, -1)
 
 
-@TASKS.register("sort")
+@ALIGNMENT_TASKS.register("sort")
 def _sort(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.sort(words, stable=True).indices
 
@@ -55,25 +55,33 @@ def _flip(n: int) -> torch.Tensor:
     return pi
 
 
-@TASKS.register("bigram_flip")
+@ALIGNMENT_TASKS.register("bigram_flip")
 def _bigram_flip(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return _flip(len(words))
 
 
-@TASKS.register("permutation")
+@ALIGNMENT_TASKS.register("permutation")
 def _permutation(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     fixed = torch.Generator().manual_seed(1000 + len(words))  # one permutation per length
     return torch.randperm(len(words), generator=fixed)
 
 
-@TASKS.register("translation")
+@ALIGNMENT_TASKS.register("translation")
 def _translation(words: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return _flip(len(words))
 
 
 def lexicon(vocab_size: int, seed: int = 0) -> torch.Tensor:
     """The ``translation`` task's word map: ``[vocab_size]`` ids, specials fixed, no word
-    mapped to itself (a derangement of the words)."""
+    mapped to itself (a derangement of the words).
+
+    Example:
+        >>> table = lexicon(8)                          # ids 0-2 special, words 3..7
+        >>> table.tolist()
+        [0, 1, 2, 4, 5, 6, 7, 3]
+        >>> sorted(table.tolist()) == list(range(8))    # a bijection
+        True
+    """
     n_words = vocab_size - FIRST_WORD
     shift = 1 + seed % max(1, n_words - 1)
     words = torch.arange(n_words)
@@ -115,8 +123,18 @@ class TaskBatch:
 
 def make_batch(task: str, n_examples: int, *, min_len: int, max_len: int,
                vocab_size: int = 32, seed: int = 0) -> TaskBatch:
-    """``n_examples`` random sources with lengths in ``[min_len, max_len]`` and their targets."""
-    align = TASKS.get(task)
+    """``n_examples`` random sources with lengths in ``[min_len, max_len]`` and their targets.
+
+    Example:
+        >>> b = make_batch("reverse", 3, min_len=4, max_len=4)
+        >>> b.source.shape, b.decoder_input.shape, b.labels.shape   # [batch, src / 1 + tgt]
+        (torch.Size([3, 4]), torch.Size([3, 5]), torch.Size([3, 5]))
+        >>> b.alignment[0].tolist()                     # π(t) = n - 1 - t
+        [3, 2, 1, 0]
+        >>> torch.equal(b.labels[0, :4], b.source[0].flip(0)), int(b.labels[0, 4]) == EOS
+        (True, True)
+    """
+    align = ALIGNMENT_TASKS.get(task)
     if n_examples < 1 or min_len < 1 or max_len < min_len:
         raise InputError(f"need n_examples ≥ 1 and 1 ≤ min_len ≤ max_len; got {n_examples}, "
                          f"{min_len}, {max_len}")

@@ -24,12 +24,7 @@ TOL = 1e-5
 PROMPTS = [text(5, 6, 7, 8, 9, 10), text(11, 12), text(20, 21, 22, 23)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

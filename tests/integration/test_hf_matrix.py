@@ -39,13 +39,7 @@ ROLE_OUTPUT = {"self": "attentions", "encoder": "encoder_attentions",
                "decoder": "decoder_attentions", "cross": "cross_attentions"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_every_tested_family_has_a_builder():

@@ -15,12 +15,7 @@ NAMES = tuple(LEGACY)
 ABLATABLE = tuple(name for name in NAMES if LEGACY[name].out_proj is not None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _band_to_full(band: torch.Tensor, seq: int) -> torch.Tensor:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import subprocess
-import sys
 import types
 
 import pytest
 
 import attnprobe as ap
+from tests.helpers import fresh_python
 
 PACKAGES = ("attnprobe.attribution", "attnprobe.perturb", "attnprobe.heads",
             "attnprobe.capture", "attnprobe.report", "attnprobe.plot")
@@ -60,9 +59,7 @@ def test_dir_lists_every_entry_point_and_on_use_packages_load_lazily():
             "attnprobe.tasks", "matplotlib", "captum", "jinja2")
     code = (f"import sys, attnprobe as ap; d = dir(ap); assert 'tasks' in d and 'perturb' in d; "
             f"print([m for m in {lazy!r} if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code) == "[]"
 
 
 def test_every_listed_name_resolves():

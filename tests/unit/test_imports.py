@@ -1,5 +1,4 @@
-import subprocess
-import sys
+from tests.helpers import fresh_python
 
 HEAVY = ("transformers", "captum", "matplotlib", "spacy", "seaborn")
 
@@ -7,8 +6,7 @@ HEAVY = ("transformers", "captum", "matplotlib", "spacy", "seaborn")
 def test_import_attnprobe_stays_light():
     code = ("import sys, attnprobe, attnprobe.models, attnprobe.heads, attnprobe.capture; "
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code) == "[]"
 
 
 def test_missing_extra_names_the_extra():

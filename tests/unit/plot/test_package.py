@@ -3,7 +3,6 @@ extra is an error naming attnprobe[report]."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pandas as pd
@@ -11,14 +10,13 @@ import pytest
 
 import attnprobe.plot as plot
 from attnprobe.errors import MissingExtraError
+from tests.helpers import fresh_python
 
 
 def test_importing_the_package_imports_no_plotting_library():
     code = ("import sys, attnprobe, attnprobe.plot; "
             "print([m for m in ('matplotlib', 'seaborn') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "[]"
+    assert fresh_python(code) == "[]"
 
 
 def test_every_entry_point_is_exported():

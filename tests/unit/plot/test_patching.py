@@ -70,6 +70,15 @@ def test_a_mixed_table_asks_which_rows():
         patching_effect(frame.drop(columns="effect"))
 
 
+def test_a_choice_the_table_cannot_make_is_refused():
+    """A choice on a column the table lacks used to be ignored: the figure then claimed to
+    show one experiment while it showed whatever the table held."""
+    frame = table().drop(columns="experiment")
+    with pytest.raises(InputError, match=r"^patching table has no 'experiment' column"):
+        patching_effect(frame, experiment="path")
+    assert "heads" not in patching_effect(frame).axes[0].get_title()  # no choice: fine
+
+
 def test_a_real_run_and_its_summary_draw_the_same():
     model, tok = ap.load_model("ref:induction")
     clean = [[2, 5, 6, 7, 8, 9, 5, 6, 7, 8]]

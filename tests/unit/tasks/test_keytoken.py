@@ -8,7 +8,7 @@ import torch
 
 from attnprobe.errors import InputError
 from attnprobe.models.tokenizer import DEFAULT_WORDS, WordTokenizer
-from attnprobe.tasks.keytoken import TASKS, WORDS, make_examples, vocabulary
+from attnprobe.tasks.keytoken import KEY_TOKEN_TASKS, WORDS, make_examples, vocabulary
 
 
 def expected(task: str, words: list[str]) -> tuple[int, list[bool]]:
@@ -24,7 +24,7 @@ def expected(task: str, words: list[str]) -> tuple[int, list[bool]]:
     return int(words[0] == words[last]), [i == 0 or i == last for i in range(len(words))]
 
 
-@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("task", KEY_TOKEN_TASKS.names())
 def test_labels_and_decisive_masks_follow_the_rule(task):
     data = make_examples(task, 101, min_len=2, max_len=9, vocab_words=12, seed=3)
     assert len(data) == len(data.texts) == len(data.labels) == len(data.decisive) == 101
@@ -37,7 +37,7 @@ def test_labels_and_decisive_masks_follow_the_rule(task):
         assert mask.dtype == torch.bool and mask.tolist() == want_mask
 
 
-@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("task", KEY_TOKEN_TASKS.names())
 def test_labels_are_balanced(task):
     for n in (1, 2, 7, 100):
         labels = make_examples(task, n, min_len=3, max_len=8, seed=n).labels
@@ -45,7 +45,7 @@ def test_labels_are_balanced(task):
         assert set(labels.tolist()) <= {0, 1}
 
 
-@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("task", KEY_TOKEN_TASKS.names())
 def test_examples_are_deterministic_from_the_seed(task):
     one = make_examples(task, 40, min_len=3, max_len=10, seed=5)
     two = make_examples(task, 40, min_len=3, max_len=10, seed=5)

@@ -5,10 +5,10 @@ import torch
 
 from attnprobe.errors import InputError
 from attnprobe.tasks import (
+    ALIGNMENT_TASKS,
     BOS,
     EOS,
     PAD,
-    TASKS,
     alignment_accuracy,
     alignment_error_rate,
     attention_aer,
@@ -25,7 +25,7 @@ def real(batch, i):
     return batch.source[i, :n], batch.labels[i, :n]
 
 
-@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("task", ALIGNMENT_TASKS.names())
 def test_targets_follow_the_alignment(task):
     batch = make_batch(task, 6, min_len=3, max_len=9, vocab_size=20, seed=1)
     table = lexicon(20)
@@ -41,10 +41,10 @@ def test_targets_follow_the_alignment(task):
 def test_known_alignments():
     words = torch.tensor([5, 3, 9, 3, 7])
     gen = torch.Generator()
-    assert TASKS.get("copy")(words, gen).tolist() == [0, 1, 2, 3, 4]
-    assert TASKS.get("reverse")(words, gen).tolist() == [4, 3, 2, 1, 0]
-    assert TASKS.get("sort")(words, gen).tolist() == [1, 3, 0, 4, 2]  # ties by position
-    assert TASKS.get("bigram_flip")(words, gen).tolist() == [1, 0, 3, 2, 4]
+    assert ALIGNMENT_TASKS.get("copy")(words, gen).tolist() == [0, 1, 2, 3, 4]
+    assert ALIGNMENT_TASKS.get("reverse")(words, gen).tolist() == [4, 3, 2, 1, 0]
+    assert ALIGNMENT_TASKS.get("sort")(words, gen).tolist() == [1, 3, 0, 4, 2]  # ties by position
+    assert ALIGNMENT_TASKS.get("bigram_flip")(words, gen).tolist() == [1, 0, 3, 2, 4]
 
 
 def test_lexicon_moves_every_word_and_keeps_specials():
