@@ -31,12 +31,13 @@ from attnprobe.errors import AttentionUnavailableError, InputError
 __all__ = ["BLOCK_BYTES", "MAPS_SHARE", "MIN_BLOCK_BYTES", "attnprobe_attention"]
 
 # streaming: a layer whose weights take more than BLOCK_BYTES is read in blocks of rows of at
-# most BLOCK_BYTES (a few times the L2 cache: larger blocks make every pass over them slower,
-# smaller ones cost more per block), and of at most 1/MAPS_SHARE of the layer's weights (but
-# MIN_BLOCK_BYTES): what streaming holds stays a small share of what full maps would
-BLOCK_BYTES = 8 * 2**20
+# most BLOCK_BYTES (larger blocks make every pass over them slower, smaller ones pay the
+# statistics' fixed cost per block more often: 16 MiB was fastest at 16k and 32k tokens), and
+# of at most 1/MAPS_SHARE of the layer's weights (but MIN_BLOCK_BYTES): what streaming holds
+# stays a small share of what full maps would
+BLOCK_BYTES = 16 * 2**20
 MIN_BLOCK_BYTES = 2**20
-MAPS_SHARE = 256
+MAPS_SHARE = 64
 _EAGER_HOME: dict[type, Any] = {}  # attention class -> the module of its eager function
 
 
@@ -240,8 +241,12 @@ class _Eager:
                               self.mask_dtype(), self.query.device, keys)
         n_rows = len(range(q_len)[rows])
         span: list[slice] | None = [] if trim and self.attention_mask is not None else None
-        visible = _visible_keys(mask, lambda: recorder.query_valid(site, batch, q_len)[:, rows],
-                                n_rows, keys.stop, site, span)
+        if self.attention_mask is None and self.causal:  # row i sees keys 0..i
+            first = range(q_len)[rows].start
+            visible = torch.arange(first + 1, first + n_rows + 1).clamp(max=keys.stop)[None]
+        else:
+            visible = _visible_keys(mask, lambda: recorder.query_valid(site, batch, q_len)[
+                :, rows], n_rows, keys.stop, site, span)
         if span:
             keys = span[0]
             mask = mask[..., keys]

@@ -109,7 +109,7 @@ def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
 
     Arguments as :func:`extract`, plus ``reducers`` (default: entropy, max weight,
     previous/self/next and first-key mass) and ``query_block`` (query rows per block; default
-    as many as fit in 8 MiB).
+    as many as fit in 16 MiB).
 
     Returns a :class:`~attnprobe.core.reducers.Tally` (``.summary()`` for one row per head,
     ``.to_frame()`` tidy); tallies of different corpora merge with ``+``.

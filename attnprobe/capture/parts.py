@@ -159,7 +159,7 @@ class Keep(Part):
 class Reduce(Part):
     """Feed streaming reducers (default :func:`~attnprobe.core.reducers.default_reducers`);
     with nothing else asking for whole rows, the seam hands over blocks of ``query_block``
-    rows (default: as many as fit in 8 MiB)."""
+    rows (default: as many as fit in 16 MiB)."""
 
     reducers: Sequence[Reducer] | None = None
     query_block: int | None = None

@@ -16,7 +16,7 @@ renormalised; the sink mass is a score of its own.
   would otherwise make every sequence's last key a column).
 
 Columns are found among the rows a reducer sees at once: every row of a sequence in the census
-and in stored maps, except when a streamed input is longer than one block of rows (8 MiB of
+and in stored maps, except when a streamed input is longer than one block of rows (16 MiB of
 weights), where each block of rows finds its own.
 
 The statistics judged on the mass left after the sink keys (``sink``, ``rest``,
@@ -31,6 +31,7 @@ import torch
 
 from attnprobe.core.reducers import RowBlock
 from attnprobe.core.row_blocks import SeenPairs, seen_pairs
+from attnprobe.core.row_max import row_max
 from attnprobe.errors import InputError
 
 __all__ = ["SinkRule", "SinkView", "aligned", "pairs_seen", "sink_keys", "sink_view"]
@@ -181,13 +182,32 @@ class SinkView:
         index = keys.clamp(max=n_keys).reshape(batch, 1, q_len * n).expand(-1, n_heads, -1)
         return torch.gather(padded, -1, index).view(batch, n_heads, q_len, n)
 
-    def free_rows(self, a: torch.Tensor, real: torch.Tensor
+    def free_rows(self, a: torch.Tensor, real: torch.Tensor,
+                  top: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  rest: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(rest, max, argmax)`` ``[batch, head, query]`` of each row over its real keys
         that are no sink: the mass left and where its largest weight is (the first of equal
-        weights; 0 at key 0 for a row with nothing left)."""
-        free = a * (real[:, None, :] & ~self.sinks)[:, :, None, :].to(a)
-        return free.sum(-1), *free.max(-1)
+        weights; 0 at key 0 for a row with nothing left).
+
+        ``top``: each row's ``(max, argmax)`` over every key, when known: a row whose
+        largest weight is on a real key that is no sink has the same largest weight left,
+        so only the other rows are searched again. ``rest``: the mass left, when known
+        (then no pass over the whole block is made).
+        """
+        keep = real[:, None, :] & ~self.sinks  # [batch, head, key]
+        if rest is None or top is None:
+            free = a * keep[:, :, None, :].to(a)
+            if top is None:
+                return free.sum(-1), *row_max(free)
+            rest = free.sum(-1) if rest is None else rest
+        weight, key = top
+        redo = ~torch.gather(keep, -1, key)  # the row's largest weight is on a sink
+        if bool(redo.any()):
+            b, h, q = redo.nonzero(as_tuple=True)
+            weight, key = weight.clone(), key.clone()
+            weight[b, h, q], key[b, h, q] = row_max(a[b, h, q] * keep[b, h].to(a))
+        return rest, weight, key
 
 
 def sink_view(block: RowBlock, a: torch.Tensor, start_ids: torch.Tensor | None,

@@ -29,6 +29,7 @@ import torch
 from attnprobe.core.divergence import entropy
 from attnprobe.core.reducers import RowBlock
 from attnprobe.core.row_blocks import KeyRule, SeenPairs, key_rule
+from attnprobe.core.row_max import row_max
 from attnprobe.heads.sinks import SinkRule, SinkView, aligned, sink_view
 
 __all__ = ["START_ROLES", "Tile", "TileSpec"]
@@ -106,6 +107,12 @@ class Tile:
         return aligned(self.block)
 
     @cached_property
+    def whole(self) -> bool:
+        """Whether the block is whole inputs at their own index (stored maps, the census'
+        batches) rather than a block of a longer input's rows (even an aligned first one)."""
+        return self.aligned and self.a.shape[-1] >= int(self.block.key_len.max())
+
+    @cached_property
     def rel(self) -> torch.Tensor:
         """``[batch, query, key]`` key position minus query position."""
         block = self.block
@@ -170,12 +177,11 @@ class Tile:
     # --------------------------------------------------------------- row passes
     @cached_property
     def entropy(self) -> torch.Tensor:
-        """``[batch, head, query]`` row entropies (nats). Whole rows of an input (its
-        positions at their own index) take :func:`~attnprobe.core.divergence.entropy`, as
-        stored maps do; a block of a long input's rows the vectorised logarithm (``xlogy``'s
-        scalar loop would cost more than the attention itself; the two differ in the last
-        bit of some terms)."""
-        if self.aligned:
+        """``[batch, head, query]`` row entropies (nats). Whole inputs (:attr:`whole`) take
+        :func:`~attnprobe.core.divergence.entropy`, as stored maps do; a block of a long
+        input's rows the vectorised logarithm (``xlogy``'s scalar loop would cost more than
+        the attention itself; the two differ in the last bit of some terms)."""
+        if self.whole:
             return entropy(self.a)
         terms = self.a.clamp(min=torch.finfo(self.a.dtype).tiny)  # 0 ln 0 = 0
         return -terms.log_().mul_(self.a).sum(-1)
@@ -191,7 +197,7 @@ class Tile:
     def top(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(max, argmax)`` ``[batch, head, query]`` of every row (the first of equal
         weights)."""
-        return self.a.max(-1)
+        return row_max(self.a)
 
     @cached_property
     def top_offset(self) -> torch.Tensor:
@@ -211,8 +217,12 @@ class Tile:
     @cached_property
     def free_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(rest, max, argmax)`` ``[batch, head, query]`` of every row over its real keys
-        that are no sink key (:meth:`~attnprobe.heads.sinks.SinkView.free_rows`)."""
-        return self.sinks.free_rows(self.a, self.real)
+        that are no sink key (:meth:`~attnprobe.heads.sinks.SinkView.free_rows`). Whole
+        inputs sum the keys left, as stored maps do; a block of a long input's rows takes the
+        real mass less the sink keys' (no pass over the block; equal to the last bits)."""
+        rest = None if self.whole else \
+            (self.row_mass - self.sinks.on_sinks.sum(-1)).clamp(min=0)
+        return self.sinks.free_rows(self.a, self.real, self.top, rest)
 
     @cached_property
     def row_mass(self) -> torch.Tensor:
@@ -246,7 +256,7 @@ class Tile:
     def causal_distance(self) -> bool:
         """Whether every key a row sees stands at or before it (causal rules), so the
         attention distance is a product with the key positions (:attr:`class_masses`)."""
-        return not self.aligned and self.rule.kind in ("causal", "window")
+        return not self.whole and self.rule.kind in ("causal", "window")
 
     @cached_property
     def class_masses(self) -> dict[str, torch.Tensor]:
@@ -270,5 +280,5 @@ class Tile:
             before = torch.where(self.real, start - key_pos, 0).to(self.a)
             stacked = torch.cat([stacked, before[..., None]], -1)
             features["before"] = self.real
-        masses = torch.einsum("bhqk,bkf->bhqf", self.a, stacked)
+        masses = torch.matmul(self.a, stacked[:, None])  # [batch, head, query, f]
         return {name: masses[..., i] for i, name in enumerate(features)}

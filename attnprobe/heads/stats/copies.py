@@ -23,12 +23,20 @@ from attnprobe.heads.tile import Tile
 COPIES = ("duplicate", "induction", "duplicate_ahead", "induction_ahead")
 
 
-def previous_ids(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``[batch, key]``: the id of the real token before each key (-1 for the first and for
-    padding)."""
-    shifted = torch.roll(ids, 1, dims=-1)
-    real_before = torch.roll(pos, 1, dims=-1) == pos - 1
-    return torch.where((pos >= 1) & real_before, shifted, torch.full_like(ids, -1))
+def following_keys(pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   key_pos: torch.Tensor, content: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Induction pairs from copy pairs: for each ``(batch, query, key)`` whose key holds the
+    query's token, the pair of the query with the content key right after that key (the
+    next real token), in the same row-major order. A key whose token is a content query's
+    is itself a content token, so these are exactly the keys whose previous token is a copy
+    of the query's."""
+    b, q, k = pairs
+    after = k + 1
+    inside = after < key_pos.shape[1]
+    b, q, k, after = b[inside], q[inside], k[inside], after[inside]
+    keep = (key_pos[b, after] == key_pos[b, k] + 1) & content[b, after]
+    return b[keep], q[keep], after[keep]
 
 
 class Copies(Stat):
@@ -58,9 +66,9 @@ class Copies(Stat):
         prev_present = tile.key_at(content, -1)  # [batch, query]
         hits = {  # name -> ([batch, head, query] mass, [batch, query] pattern present)
             "prev": (tile.at_offset(-1) * prev_present[:, None, :], prev_present)}
-        for kind, keys in (("duplicate", torch.where(content, k_ids, -1)),
-                           ("induction", torch.where(content, previous_ids(k_ids, key_pos), -1))):
-            b, q, k = matching_pairs(rows, keys)
+        copies = matching_pairs(rows, torch.where(content, k_ids, -1))
+        found = {"duplicate": copies, "induction": following_keys(copies, key_pos, content)}
+        for kind, (b, q, k) in found.items():
             rel = key_pos[b, k] - query_pos[b, q]
             step = -1 if kind == "induction" else 0  # the previous / next token is no copy
             for name, keep in ((kind, (rel < 0) & (rel != step)),
@@ -92,8 +100,11 @@ def matching_pairs(query: torch.Tensor, key: torch.Tensor
     row = torch.arange(n_batch, device=key.device)[:, None]
     codes = torch.where(key >= 0, key + row * top, -1).flatten()
     wanted = torch.where(query >= 0, query + row * top, -2).flatten()
-    # only the keys some query matches are sorted (a long block: few rows, many keys)
-    candidates = torch.isin(codes, wanted).nonzero()[:, 0]
+    # only the keys some query matches are sorted (a long block: few rows, many keys); a
+    # key is one when the sorted wanted codes hold it (isin would sort the keys too)
+    sought = wanted.sort().values
+    at = torch.searchsorted(sought, codes).clamp(max=len(sought) - 1)
+    candidates = (sought[at] == codes).nonzero()[:, 0]  # codes -1 match no wanted code
     order = candidates[torch.argsort(codes[candidates], stable=True)]  # key order kept
     ranked = codes[order]
     lo = torch.searchsorted(ranked, wanted)

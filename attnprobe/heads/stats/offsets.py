@@ -34,7 +34,8 @@ def _by_diagonals(tile: Tile) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Mass per head and offset when real tokens sit at their own index: the valid rows are
     summed over the batch first (one pass), offsets are then diagonals of that ``[head, n,
     n]`` sum, read through a skewed view. Returns the lowest offset, ``[head, offsets]`` and
-    ``[head]`` distance sums (float64)."""
+    ``[head]`` distance sums (float64). The skew copies ``[head, n, 3n]`` float64: only for
+    whole inputs (a long input's first block of rows, aligned too, takes the gathers)."""
     a = tile.a  # padding keys hold no weight in a valid row
     n = a.shape[-1]
     summed = torch.einsum("bhij,bi->hij", a, tile.rows.to(a)).to(torch.float64)
@@ -96,7 +97,7 @@ class Offsets(Stat):
         bounds = span if limit is None else (max(span[0], -limit - 1), min(span[1], limit + 1))
         names, of_bin = _bins(*bounds, limit)
         n_labels = len(names) // 2
-        if tile.aligned:
+        if tile.whole:
             lo, mass, distance = _by_diagonals(tile)  # mass [head, diagonal], lo..
             diagonal = torch.arange(lo, lo + mass.shape[1]).clamp(*bounds) - bounds[0]
             masses = mass.new_zeros(mass.shape[0], n_labels).index_add_(
