@@ -43,7 +43,7 @@ from attnprobe.heads.census_parts import CensusPart
 from attnprobe.heads.census_tap import CensusTap
 from attnprobe.heads.dependencies import MIN_COUNT, SyntaxCounts, score_batch
 from attnprobe.heads.probe import probe_length as resolve_probe_length
-from attnprobe.heads.probe import probe_limits, probe_tally, repeated_tokens
+from attnprobe.heads.probe import probe_limits, probe_tally, probe_vocabulary, repeated_tokens
 from attnprobe.heads.scores import (
     INDEX,
     census_reducers,
@@ -234,11 +234,13 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     scope = model_scope(model, scope)
     classes = token_classes(tokenizer)
     limits = probe_limits(model, tokenizer)
-    probe_length = None
+    probe_length = vocabulary = None
     if opts.repeated:  # checked before any forward: a bad length fails fast
+        vocabulary = probe_vocabulary(tokenizer, classes)
         probe_length = resolve_probe_length(tokenizer, opts.probe_length, classes=classes,
                                             max_length=limits.positions,
-                                            trained_length=limits.trained)
+                                            trained_length=limits.trained,
+                                            vocabulary=vocabulary)
     texts, trees = texts_or_trees(texts, trees, opts.syntax, opts.nlp)
     if isinstance(trees, (str, Tree)):
         raise InputError("trees must be a list of Tree objects; wrap a single tree in a list")
@@ -262,7 +264,8 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     for part in parts:  # in batch order, whatever the number of ranks
         merged = merged + part
     probe = probe_tally(model, repeated_tokens(tokenizer, length=probe_length, seed=seed,
-                                               max_length=limits.positions, classes=classes),
+                                               max_length=limits.positions, classes=classes,
+                                               vocabulary=vocabulary),
                         classes=classes, scope=scope) if opts.repeated else None
     return Census(merged, skipped, opts.window, opts.min_count, probe, scope, probe_length,
                   model=model_info(model, implementation="").name)

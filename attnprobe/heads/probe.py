@@ -98,14 +98,16 @@ def probe_limits(model: nn.Module, tokenizer: Any) -> ProbeLimits:
 
 def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int | None = None,
                  trained_length: int | None = None,
-                 classes: dict[str, torch.Tensor] | None = None) -> int:
+                 classes: dict[str, torch.Tensor] | None = None,
+                 vocabulary: torch.Tensor | None = None) -> int:
     """Tokens per copy of the probe: ``length``, checked, or by default what fits the
     model's trained context — ``(trained_length - template) // 2`` (``max_length`` when no
     trained length is known), at most :data:`DEFAULT_PROBE_LENGTH` and the tokenizer's
     ordinary tokens.
 
     ``max_length``: the most tokens the model accepts (template included); ``trained_length``:
-    the length it was trained on (:func:`probe_limits` gives both). A given length beyond
+    the length it was trained on (:func:`probe_limits` gives both); ``vocabulary``: the
+    :func:`probe_vocabulary`, when already known. A given length beyond
     ``trained_length`` that ``max_length`` still holds is a warning naming the limit.
 
     Raises InputError when a given length does not fit the positions or the vocabulary, or
@@ -118,7 +120,7 @@ def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int |
     if trained is not None and max_length is not None:
         trained = min(trained, max_length)
     fits = None if trained is None else (trained - n_special) // 2  # the trained context
-    n_vocab = len(probe_vocabulary(tokenizer, classes))
+    n_vocab = len(probe_vocabulary(tokenizer, classes) if vocabulary is None else vocabulary)
     if length is None:
         length = min(DEFAULT_PROBE_LENGTH, n_vocab, fits if fits is not None else n_vocab)
         if length < 2:
@@ -148,18 +150,21 @@ def probe_length(tokenizer: Any, length: int | None = None, *, max_length: int |
 def repeated_tokens(tokenizer: Any, *, length: int | None = None,
                     n_sequences: int = N_SEQUENCES, seed: int = 0,
                     max_length: int | None = None,
-                    classes: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                    classes: dict[str, torch.Tensor] | None = None,
+                    vocabulary: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """``input_ids`` / ``attention_mask`` ``[n_sequences, prefix + 2 * length + suffix]``.
 
     Tokens are drawn without replacement within a sequence, so every token of the second
     copy occurs exactly once before it; the template is the tokenizer's
-    (:func:`~attnprobe.core.tokens.special_template`). ``length`` as in :func:`probe_length`.
+    (:func:`~attnprobe.core.tokens.special_template`). ``length`` as in :func:`probe_length`;
+    ``vocabulary``: the :func:`probe_vocabulary`, when already known.
     """
     if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 1:
         raise InputError(f"n_sequences must be a positive integer; got {n_sequences!r}")
-    length = probe_length(tokenizer, length, max_length=max_length, classes=classes)
+    vocab = probe_vocabulary(tokenizer, classes) if vocabulary is None else vocabulary
+    length = probe_length(tokenizer, length, max_length=max_length, classes=classes,
+                          vocabulary=vocab)
     prefix, suffix = special_template(tokenizer)
-    vocab = probe_vocabulary(tokenizer, classes)
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n_sequences):
@@ -191,10 +196,12 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int | Non
     """
     classes = classes if classes is not None else token_classes(tokenizer)
     limits = probe_limits(model, tokenizer)
+    vocabulary = probe_vocabulary(tokenizer, classes)
     length = probe_length(tokenizer, length, max_length=limits.positions,
-                          trained_length=limits.trained, classes=classes)
+                          trained_length=limits.trained, classes=classes, vocabulary=vocabulary)
     batch = repeated_tokens(tokenizer, length=length, n_sequences=n_sequences, seed=seed,
-                            max_length=limits.positions, classes=classes)
+                            max_length=limits.positions, classes=classes,
+                            vocabulary=vocabulary)
     return probe_tally(model, batch, classes=classes, scope=scope)
 
 
