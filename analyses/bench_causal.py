@@ -200,17 +200,22 @@ def _trim_heap() -> None:
 
 def _census_measure(length: int, cfg: Config) -> dict[str, Any]:
     """One streaming census of ``length`` tokens and one plain forward (this process)."""
-    from attnprobe.capture import parts
+    from attnprobe.capture.parts import Reduce
+    from attnprobe.heads.census_tap import CensusTap
 
     model, tok, text = _census_setup(cfg, length)
     largest = [0]
-    on_rows = parts.Reduce.on_rows
+    readers = (CensusTap, Reduce)  # the corpus' part and the probe's
+    on_rows = {reader: reader.on_rows for reader in readers}
 
-    def measured(self: Any, recorder: Any, rows: Any) -> None:  # the blocks the census holds
-        largest[0] = max(largest[0], rows.pattern.numel() * 4)
-        on_rows(self, recorder, rows)
+    def measured(reader: type) -> Any:
+        def on_rows_measured(self: Any, recorder: Any, rows: Any) -> None:
+            largest[0] = max(largest[0], rows.pattern.numel() * 4)  # the blocks held
+            on_rows[reader](self, recorder, rows)
+        return on_rows_measured
 
-    parts.Reduce.on_rows = measured
+    for reader in readers:
+        reader.on_rows = measured(reader)
     try:
         with torch.no_grad():
             ap.heads.census(model, tok, [text[:200]], similarity=False)  # lazy set-up
@@ -228,7 +233,8 @@ def _census_measure(length: int, cfg: Config) -> dict[str, Any]:
             model(input_ids=ids)
             forward = time.perf_counter() - start
     finally:
-        parts.Reduce.on_rows = on_rows
+        for reader in readers:
+            reader.on_rows = on_rows[reader]
     return {"length": int(ids.shape[1]), "census_s": seconds, "forward_s": forward,
             "baseline_kib": baseline, "peak_kib": peak, "hwm_reset_works": reset,
             "largest_block_bytes": largest[0], "heads_scored": len(scores),

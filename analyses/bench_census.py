@@ -23,8 +23,8 @@ Two measurements, each side by side in one run:
    each of ``llama_seq_lens`` tokens (8k and 32k; ``--smoke``: 512 and 1024). The census'
    streaming reducers (``census_reducers(None, max_offset=...)`` with ``keep=False``, then
    ``wide_scores``) vs one plain SDPA forward of the same input, timed side by side in this
-   process (the default allocator, as users run it; the better of ``plain_repeats`` plain
-   forwards), their ratio (target ``<= long_speed_target``) and the time exponents between
+   process (the default allocator, as users run it; the best of ``long_repeats`` interleaved
+   rounds of each), their ratio (target ``<= long_speed_target``) and the time exponents between
    the lengths (``log(t2 / t1) / log(L2 / L1)``; target: the census' within
    ``exponent_tolerance`` of the forward's). Memory: peak RSS above a pre-forward baseline is
    read from ``VmHWM`` after resetting it (``reset_peak_rss``); each mode runs in a fresh
@@ -101,7 +101,7 @@ class Config(FromDict):
     llama_vocab: int = 1000
     llama_init_range: float = 0.2  # larger than HF's 0.02 so heads are not near-uniform
     llama_seq_lens: tuple[int, ...] = (8192, 32768)
-    plain_repeats: int = 3
+    long_repeats: int = 3
     long_speed_target: float = 10.0
     memory_share_target: float = 1 / 50
     exponent_tolerance: float = 0.15
@@ -121,7 +121,7 @@ class Config(FromDict):
     def smoke(cls) -> Config:
         """40 sentences, one repeat, short LLaMA inputs, memory measured in-process."""
         return cls(n_sentences=40, repeats=1, warmup=0, llama_seq_lens=(512, 1024),
-                   check_seq_len=256, memory_subprocess=False, plain_repeats=1)
+                   check_seq_len=256, memory_subprocess=False, long_repeats=1)
 
 
 # ----------------------------------------------------------------------------- timing helpers
@@ -345,27 +345,24 @@ def _mem_available_kib() -> int:
 
 
 def _timed(cfg: Config, seq_len: int) -> dict[str, float]:
-    """Seconds of one streaming census and of the best of ``plain_repeats`` plain SDPA
-    forwards on the same input, side by side in this process (its default allocator: the
-    memory children fix glibc's mmap threshold, which slows every large allocation)."""
+    """Seconds of the streaming census and of one plain SDPA forward on the same input, the
+    best of ``long_repeats`` rounds each, interleaved (plain, census, plain, census, ...) in
+    this process (its default allocator: the memory children fix glibc's mmap threshold,
+    which slows every large allocation)."""
     model = _tiny_llama(cfg)
     ids = _llama_ids(cfg, seq_len)
-    out = {}
+    times: dict[str, list[float]] = {"plain_s": [], "streaming_s": []}
     with torch.no_grad():
         model(input_ids=ids[:, :64])
         _streaming_scores(model, ids[:, :64], cfg)
-        _trim_heap()
-        plain = []
-        for _ in range(cfg.plain_repeats):
-            start = time.perf_counter()
-            model(input_ids=ids)
-            plain.append(time.perf_counter() - start)
-        out["plain_s"] = min(plain)
-        _trim_heap()
-        start = time.perf_counter()
-        _streaming_scores(model, ids, cfg)
-        out["streaming_s"] = time.perf_counter() - start
-    return out
+        for _ in range(cfg.long_repeats):
+            for name, run in (("plain_s", lambda: model(input_ids=ids)),
+                              ("streaming_s", lambda: _streaming_scores(model, ids, cfg))):
+                _trim_heap()
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    return {name: min(seconds) for name, seconds in times.items()}
 
 
 def _one_length(cfg: Config, seq_len: int) -> tuple[list[dict], dict[str, Any]]:

@@ -44,6 +44,7 @@ __all__ = [
     "Corpus",
     "Text",
     "TokenIds",
+    "TokenRow",
     "batch_spans",
     "check_inputs",
     "check_texts",
@@ -53,10 +54,12 @@ __all__ = [
     "model_inputs",
     "model_keys",
     "pad_ids",
+    "pad_rows",
     "prepare_corpus",
     "text_input",
     "token_lengths",
     "token_limit",
+    "token_rows",
     "truncation_mode",
 ]
 
@@ -134,35 +137,35 @@ def _is_hf_tokenizer(tokenizer: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class _Row:
+class TokenRow:
     """One text's ids before padding, and its segment ids when it is a sentence pair."""
 
     ids: list[int]
     types: list[int] | None = None
 
 
-def _hf_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> list[_Row]:
+def _hf_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> list[TokenRow]:
     """Single texts and sentence pairs, each encoded alone the tokenizer's way, unpadded."""
     inputs = [text_input(t) for t in texts]
     options = cut or {"truncation": False}
-    rows: list[_Row] = [_Row([])] * len(inputs)
+    rows: list[TokenRow] = [TokenRow([])] * len(inputs)
     single = [i for i, x in enumerate(inputs) if isinstance(x, str)]
     pairs = [i for i, x in enumerate(inputs) if isinstance(x, tuple)]
     if single:
         found = tokenizer([inputs[i] for i in single], **options)["input_ids"]
         for i, ids in zip(single, found, strict=True):
-            rows[i] = _Row([int(t) for t in ids])
+            rows[i] = TokenRow([int(t) for t in ids])
     if pairs:
         found = tokenizer([inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs],
                           **options)
         types = found.get("token_type_ids")
         for k, i in enumerate(pairs):
-            rows[i] = _Row([int(t) for t in found["input_ids"][k]],
+            rows[i] = TokenRow([int(t) for t in found["input_ids"][k]],
                            None if types is None else [int(t) for t in types[k]])
     return rows
 
 
-def _other_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> list[_Row]:
+def _other_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> list[TokenRow]:
     """A tokenizer of attnprobe's protocol (e.g. the reference models' ``WordTokenizer``):
     called on the batch, each row stripped of its padding by the mask."""
     if any("\t" in t for t in texts):
@@ -173,7 +176,7 @@ def _other_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> li
     ids = torch.as_tensor(batch["input_ids"]).tolist()
     mask = torch.as_tensor(batch["attention_mask"]).tolist() if "attention_mask" in batch \
         else [[1] * len(row) for row in ids]
-    return [_Row([int(t) for t, real in zip(row, keep, strict=True) if real])
+    return [TokenRow([int(t) for t, real in zip(row, keep, strict=True) if real])
             for row, keep in zip(ids, mask, strict=True)]
 
 
@@ -194,12 +197,12 @@ def _no_token(i: int, text: str, tokenizer: Any, ids: list[int]) -> str:
 
 
 def _rows(tokenizer: Any, items: Sequence[Text], cut_to: int | None, start: int = 0
-          ) -> list[_Row]:
+          ) -> list[TokenRow]:
     """Each text's ids (strings through the tokenizer, ids as given; cut to ``cut_to`` tokens
     when given), every string checked to give a token besides special tokens. ``start`` is
     the first text's index in the caller's list (for messages)."""
-    rows: list[_Row] = [_Row(list(t.ids[:cut_to] if cut_to else t.ids))
-                        if isinstance(t, TokenIds) else _Row([]) for t in items]
+    rows: list[TokenRow] = [TokenRow(list(t.ids[:cut_to] if cut_to else t.ids))
+                        if isinstance(t, TokenIds) else TokenRow([]) for t in items]
     strings = [i for i, t in enumerate(items) if isinstance(t, str)]
     if not strings:
         return rows
@@ -218,7 +221,7 @@ def _rows(tokenizer: Any, items: Sequence[Text], cut_to: int | None, start: int 
     return rows
 
 
-def _check_vocab(rows: Sequence[_Row], items: Sequence[Text], vocab: int | None,
+def _check_vocab(rows: Sequence[TokenRow], items: Sequence[Text], vocab: int | None,
                  tokenizer: Any, start: int = 0) -> None:
     """Every id below ``vocab`` (the model's input embedding rows), else an error naming the
     text and the id."""
@@ -250,7 +253,8 @@ def filler_id(tokenizer: Any, vocab: int | None = None) -> int:
     return 0
 
 
-def _pad(rows: Sequence[_Row], filler: int, side: str, type_pad: int) -> dict[str, torch.Tensor]:
+def _pad(rows: Sequence[TokenRow], filler: int, side: str, type_pad: int
+         ) -> dict[str, torch.Tensor]:
     """``input_ids`` / ``attention_mask`` (and ``token_type_ids`` when a row has them)
     ``[batch, seq]``, each row's ids on the ``side`` its padding is not."""
     width = max(len(r.ids) for r in rows)
@@ -307,20 +311,34 @@ def pad_ids(model: nn.Module, tokenizer: Any, rows: Sequence[Sequence[int]], *,
             padding_side: str = "right") -> dict[str, torch.Tensor]:
     """Already tokenised rows (e.g. pre-split words) padded as :func:`encode` pads them:
     ``input_ids`` / ``attention_mask`` ``[batch, seq]``."""
-    return _pad([_Row([int(t) for t in row]) for row in rows],
+    return _pad([TokenRow([int(t) for t in row]) for row in rows],
                 filler_id(tokenizer, input_vocab_size(model)), padding_side, 0)
 
 
-def token_lengths(tokenizer: Any, texts: Sequence[Text] | Any, *,
-                  model: nn.Module | None = None) -> list[int]:
-    """Tokens of each text (special tokens included), without padding or cutting; each
-    string checked to give a token besides special tokens and, with ``model``, every id
-    checked against its input embedding."""
+def token_rows(tokenizer: Any, texts: Sequence[Text] | Any, *,
+               model: nn.Module | None = None) -> list[TokenRow]:
+    """Each text's tokens (special tokens included), without padding or cutting, to pad
+    later with :func:`pad_rows` (a text tokenized once); each string checked to give a
+    token besides special tokens and, with ``model``, every id against its input
+    embedding."""
     items = check_inputs(texts)
     rows = _rows(tokenizer, items, None)
     if model is not None:
         _check_vocab(rows, items, input_vocab_size(model), tokenizer)
-    return [len(r.ids) for r in rows]
+    return rows
+
+
+def pad_rows(model: nn.Module, tokenizer: Any, rows: Sequence[TokenRow], *,
+             padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """Rows of :func:`token_rows` padded as :func:`encode` pads them (segment ids too)."""
+    return _pad(rows, filler_id(tokenizer, input_vocab_size(model)), padding_side,
+                int(getattr(tokenizer, "pad_token_type_id", 0) or 0))
+
+
+def token_lengths(tokenizer: Any, texts: Sequence[Text] | Any, *,
+                  model: nn.Module | None = None) -> list[int]:
+    """Tokens of each text, checked (:func:`token_rows`)."""
+    return [len(r.ids) for r in token_rows(tokenizer, texts, model=model)]
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,13 @@ from torch import nn
 
 from attnprobe.capture.text import (
     Text,
+    TokenRow,
     encode,
     max_length_of,
     model_inputs,
     pad_ids,
-    token_lengths,
+    pad_rows,
+    token_rows,
 )
 from attnprobe.capture.token_ids import input_vocab_size
 from attnprobe.errors import InputError
@@ -41,6 +43,7 @@ class Sentence:
     n_tokens: int
     ids: tuple[int, ...] = ()  # a tree's tokens, as planning tokenized them
     word_ids: tuple[int, ...] = ()  # each token's word (-1: special)
+    row: TokenRow | None = None  # a text's tokens, as planning tokenized them
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,8 +61,11 @@ class CensusBatch:
         (-1: special/padding; ``None`` for raw texts)."""
         items = self.sentences
         if items[0].tree is None:
-            batch = encode(self.model, self.tokenizer, [it.text for it in items],
-                           max_length=self.max_length, truncation=self.truncation)
+            if self.truncation == "cut":  # cut the tokenizer's way (its end tokens kept)
+                batch = encode(self.model, self.tokenizer, [it.text for it in items],
+                               max_length=self.max_length, truncation=self.truncation)
+            else:  # tokenized once, when planning
+                batch = pad_rows(self.model, self.tokenizer, [it.row for it in items])
             return model_inputs(self.model, batch), None
         # tokenized once, when planning; padded here (no pad token needed)
         batch = pad_ids(self.model, self.tokenizer, [it.ids for it in items])
@@ -101,8 +107,9 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
                          "use truncation='skip' (CLI --skip-long)")
     tokens = _tree_tokens(model, tokenizer, trees) if trees is not None else None
     # texts are checked as every corpus analysis checks them (capture.text)
+    rows = token_rows(tokenizer, texts, model=model) if tokens is None else None
     lengths = [len(ids) for ids, _ in tokens] if tokens is not None else \
-        token_lengths(tokenizer, texts, model=model)
+        [len(row.ids) for row in rows]
     limit = max_length_of(model, tokenizer)
     if max_length is not None:
         limit = min(limit, max_length) if limit else max_length
@@ -119,7 +126,8 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
             continue
         text = texts[i] if texts is not None else None
         ids, word_ids = tokens[i] if tokens is not None else ((), ())
-        items.append(Sentence(i, sentence_id, text, tree, min(n, limit or n), ids, word_ids))
+        items.append(Sentence(i, sentence_id, text, tree, min(n, limit or n), ids, word_ids,
+                              rows[i] if rows is not None else None))
     if not items:
         raise InputError(f"every sentence was skipped as too long ({len(skipped)})")
     return items, tuple(skipped)
