@@ -26,6 +26,7 @@ from torch import nn
 from attnprobe.capture.calls import BatchPatterns
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import attention_sizes, model_scope
+from attnprobe.capture.parts import Keep
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
@@ -221,7 +222,7 @@ class ChangeRun:
     scope: Any
 
     def weights(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[BatchPatterns]:
-        with torch.no_grad(), capture(model, self.scope, keep=True, stop_early=True) as cap:
+        with torch.no_grad(), capture(model, self.scope, parts=[Keep()], stop_early=True) as cap:
             model(**model_inputs(model, inputs))
         return cap.batches()
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture.context import capture
+from attnprobe.capture.parts import Reduce
 from attnprobe.capture.text import max_length_of, model_inputs
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import ScopeLike
@@ -209,7 +210,7 @@ def probe_tally(model: nn.Module, batch: dict[str, torch.Tensor], *,
                 classes: dict[str, torch.Tensor], scope: ScopeLike = "all") -> Tally:
     """The ``rep_*`` tally of a probe batch from :func:`repeated_tokens` (one forward)."""
     stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
-    with torch.no_grad(), capture(model, scope, keep=False, reducers=[stats],
+    with torch.no_grad(), capture(model, scope, parts=[Reduce([stats])],
                                   stop_early=True) as cap:
         model(**model_inputs(model, batch))
     return cap.tally

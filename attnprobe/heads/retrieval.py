@@ -31,6 +31,7 @@ from torch import nn
 
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import model_scope
+from attnprobe.capture.parts import Reduce
 from attnprobe.capture.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
@@ -125,7 +126,7 @@ def _retrieval_batch(model: nn.Module, scope: Scope, copied_only: bool,
                      batch: CopySteps) -> Tally:
     copied = _predicted(model, batch) if copied_only else None
     reducer = RetrievalHits(batch.target, batch.source, copied)
-    with torch.no_grad(), capture(model, scope, keep=False, reducers=[reducer],
+    with torch.no_grad(), capture(model, scope, parts=[Reduce([reducer])],
                                   stop_early=True) as cap:
         model(**_inputs(model, batch))  # stops after the last scoped attention layer
     return cap.tally
