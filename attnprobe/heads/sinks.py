@@ -190,17 +190,15 @@ class SinkView:
         that are no sink: the mass left and where its largest weight is (the first of equal
         weights; 0 at key 0 for a row with nothing left).
 
-        ``top``: each row's ``(max, argmax)`` over every key, when known: a row whose
-        largest weight is on a real key that is no sink has the same largest weight left,
-        so only the other rows are searched again. ``rest``: the mass left, when known
-        (then no pass over the whole block is made).
+        ``rest`` and ``top`` (each row's ``(max, argmax)`` over every key), when both are
+        known, spare every pass over the whole block: a row whose largest weight is on a
+        real key that is no sink has the same largest weight left, so only the other rows
+        are searched again.
         """
         keep = real[:, None, :] & ~self.sinks  # [batch, head, key]
-        if rest is None or top is None:
+        if rest is None or top is None:  # the free weights, whole: one more pass finds all
             free = a * keep[:, :, None, :].to(a)
-            if top is None:
-                return free.sum(-1), *row_max(free)
-            rest = free.sum(-1) if rest is None else rest
+            return free.sum(-1) if rest is None else rest, *row_max(free)
         weight, key = top
         redo = ~torch.gather(keep, -1, key)  # the row's largest weight is on a sink
         if bool(redo.any()):
