@@ -311,7 +311,7 @@ def test_retrieval_streams_and_equals_whole_rows(spied_blocks, monkeypatch):
     half = _random_text(tok, n // 2, seed=3)
     texts = [half + " " + half]  # [BOS], then the second half copies the first
     whole = retrieval_scores(model, tok, texts, copied_only=True)
-    assert max(block[1] for block in blocks) == n  # one block (16 MiB) holds every row of this input
+    assert max(block[1] for block in blocks) == n  # one block holds every row
     blocks.clear()
     monkeypatch.setattr(attend, "BLOCK_BYTES", 4 * n * 4 * 8)
     streamed = retrieval_scores(model, tok, texts, copied_only=True)
