@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture.text import encode
+from attnprobe.capture.text import encode, pad_rows, token_rows
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert
 
 TEXTS = ["the cat\ta dog", "the mat", "red\tbig red cat"]
@@ -62,3 +62,17 @@ def test_sentence_pairs_keep_their_segment_ids(bert, texts):
     with torch.no_grad(), ap.capture(model) as one_segment:
         model(**hand)
     assert not torch.allclose(amap.pattern, one_segment.maps[0].pattern)
+
+
+@pytest.mark.parametrize("side", ("right", "left"))
+def test_rows_tokenized_once_pad_into_the_batch_encode_makes(bert, side):
+    """The census tokenizes each text once, when it plans its batches, and pads those rows
+    later: the batch must be the one ``encode`` builds (segment ids of pairs included)."""
+    model, tok = bert
+    rows = token_rows(tok, TEXTS, model=model)
+    assert [len(row.ids) for row in rows] == [7, 4, 7]
+    padded = pad_rows(model, tok, rows, padding_side=side)
+    encoded = encode(model, tok, TEXTS, padding_side=side)
+    assert padded.keys() == encoded.keys() == {"input_ids", "attention_mask", "token_type_ids"}
+    for name, tensor in encoded.items():
+        assert torch.equal(padded[name], tensor), name

@@ -65,3 +65,20 @@ def test_a_corpus_is_read_in_one_capture(qwen_window, monkeypatch):
     result = ap.heads.census(model, tok, TEXTS, batch_size=1, repeated=False)
     assert len(entered) == 1 and result.n_sentences == len(TEXTS)  # three forwards
     assert result.part.distances.rows == 3 * N_TOKENS  # every row (fewer than 16) of each
+
+
+def test_each_text_is_tokenized_once(qwen_window, monkeypatch):
+    model, tok = qwen_window
+    seen = []
+    call = type(tok).__call__
+
+    def counted(self, texts, *args, **kwargs):
+        seen.extend(t for t in ([texts] if isinstance(texts, str) else texts) if t in TEXTS)
+        return call(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "__call__", counted)
+    result = ap.heads.census(model, tok, TEXTS, batch_size=2, repeated=False)
+    assert sorted(seen) == sorted(TEXTS)  # planning tokenized them; the batches pad those rows
+    monkeypatch.undo()
+    again = ap.heads.census(model, tok, TEXTS, batch_size=2, repeated=False)
+    assert result.scores().equals(again.scores())
