@@ -209,8 +209,8 @@ def load_warning(load: float, threshold: float = LOAD_WARNING) -> str | None:
 MMAP_THRESHOLD = 1 << 20  # bytes; larger allocations always go to (and back from) mmap
 
 
-def run_json_child(args: Sequence[str], *, timeout_s: float,
-                   what: str = "child") -> dict[str, Any]:
+def run_json_child(args: Sequence[str], *, timeout_s: float, what: str = "child",
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``python *args`` in a fresh process (Hugging Face offline and quiet) and parse the
     last line it prints as JSON: a measurement no heap of this process can distort.
 
@@ -218,14 +218,15 @@ def run_json_child(args: Sequence[str], *, timeout_s: float,
     set already): by default glibc raises the threshold each time a large block is freed, so
     the next 16 MiB blocks come from the heap, which fragments and is not given back — peak
     RSS then measures fragmentation (seen: 60 MiB or 900 MiB for the same streaming run)
-    rather than what the code holds.
+    rather than what the code holds. ``env``: more variables for the child (they win).
 
     Raises ``RuntimeError`` with the end of its stderr when it fails.
     """
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
+    child_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    child_env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
+    child_env.update(env or {})
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, check=False)
+                          timeout=timeout_s, env=child_env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed with {proc.returncode}:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
