@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -336,13 +337,51 @@ class Tally:
                                      total / count, total, count))
         return pd.DataFrame(rows, columns=list(STAT_COLUMNS))
 
+    def wide(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """``(means, counts)``: one row per head that saw a row (index ``stack, kind, layer,
+        head, head_id``), one column per statistic in order of first appearance, NaN where a
+        head saw no row of it — ``to_frame`` pivoted on ``statistic``, built from the sums."""
+        self._flush()
+        stats = list(dict.fromkeys(stat for stat, _ in self.sums))  # reducer order
+        column: dict[str, int] = {}
+        blocks = []  # per site: heads kept, column of each statistic, [head, stat] sums, counts
+        for site in sorted(self.counts):
+            names = [stat for stat in stats if (stat, site) in self.sums]
+            if not names:
+                continue
+            n_heads = len(self.heads[site])
+            sums = torch.stack([self.sums[(stat, site)] for stat in names], 1).cpu().numpy()
+            counts = np.array([np.full(n_heads, self.counts[site])
+                               if (stat, site) not in self.stat_counts
+                               else self.stat_counts[(stat, site)].cpu().numpy()
+                               for stat in names]).T
+            used = counts.any(0)  # statistics some head saw a row of
+            for stat in np.array(names)[used]:
+                column.setdefault(str(stat), len(column))
+            kept = counts.any(1)
+            blocks.append((site, kept, [column.get(stat, -1) for stat in names],
+                           sums[kept], counts[kept]))
+        keys = [(*site, head, head_id(site[2], head)) for site, kept, *_ in blocks
+                for head, k in zip(self.heads[site], kept, strict=True) if k]
+        means = np.full((len(keys), len(column)), np.nan)
+        seen = np.full_like(means, np.nan)
+        start = 0
+        for _, _, where, sums, counts in blocks:
+            rows = slice(start, start + len(sums))
+            start += len(sums)
+            where = np.array(where)
+            on = where >= 0
+            counts = np.where(counts != 0, counts, np.nan)[:, on]
+            means[rows, where[on]] = sums[:, on] / counts
+            seen[rows, where[on]] = counts
+        levels = [[key[i] for key in keys] for i in range(5)]
+        index = pd.MultiIndex.from_arrays(levels, names=list(STAT_COLUMNS[:5]))
+        return (pd.DataFrame(means, index=index, columns=list(column)),
+                pd.DataFrame(seen, index=index, columns=list(column)))
+
     def summary(self) -> pd.DataFrame:
         """One row per head, one column per statistic (wide view of ``to_frame``)."""
-        frame = self.to_frame()
-        if frame.empty:
-            return frame
-        index = ["stack", "kind", "layer", "head", "head_id"]
-        wide = frame.pivot_table(index=index, columns="statistic", values="value", sort=False)
-        wide = wide[list(dict.fromkeys(frame["statistic"]))]  # keep reducer order
-        wide.columns.name = None
-        return wide.reset_index()
+        means, _ = self.wide()
+        if means.empty:
+            return self.to_frame()
+        return means.reset_index()

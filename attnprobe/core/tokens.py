@@ -30,7 +30,9 @@ from __future__ import annotations
 import codecs
 import functools
 import re
+import weakref
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +44,7 @@ __all__ = [
     "TOKEN_STYLES",
     "UNKNOWN_TOKENS",
     "TokenVocabulary",
+    "VocabularyIds",
     "byte_alphabet",
     "guess_style",
     "is_punctuation",
@@ -53,6 +56,7 @@ __all__ = [
     "special_tokens",
     "token_classes",
     "token_style",
+    "vocabulary_ids",
 ]
 
 SPECIAL_ROLES = ("cls", "sep", "bos", "eos")
@@ -108,6 +112,54 @@ def special_tokens(tokenizer: Any) -> set[str]:
     return {str(t) for t in (tokens if isinstance(tokens, list) else [tokens])}
 
 
+@dataclass(frozen=True)
+class VocabularyIds:
+    """What a scan of a tokenizer's whole vocabulary finds, as sorted id tensors.
+
+    Attributes:
+        punctuation: tokens spelled as punctuation (:func:`is_punctuation`).
+        plain: tokens neither spelled like a special token (:func:`looks_special`) nor blank.
+    """
+
+    punctuation: torch.Tensor
+    plain: torch.Tensor
+
+
+# tokenizer -> (vocabulary size, its scan): the scan reads every token (tens of thousands of
+# regular-expression matches), so it runs once per tokenizer and size (added tokens rescan)
+_SCANS: weakref.WeakKeyDictionary[Any, tuple[int, VocabularyIds]] = weakref.WeakKeyDictionary()
+
+
+def vocabulary_ids(tokenizer: Any) -> VocabularyIds:
+    """The scan of ``tokenizer``'s vocabulary (:class:`VocabularyIds`), computed once per
+    tokenizer and vocabulary size.
+
+    Example:
+        >>> found = vocabulary_ids(tok)                 # MiniLM's BERT tokenizer
+        >>> tok.convert_tokens_to_ids(".") in found.punctuation.tolist()
+        True
+        >>> tok.cls_token_id in found.plain.tolist()    # [CLS] is spelled like a special
+        False
+    """
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    try:
+        known = _SCANS.get(tokenizer)
+    except TypeError:  # no weak reference to it: scanned every time
+        known = None
+    if known is not None and size is not None and known[0] == size:
+        return known[1]
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    scan = VocabularyIds(
+        _id_tensor(i for tok, i in vocab.items() if is_punctuation(tok)),
+        _id_tensor(i for tok, i in vocab.items() if tok.strip() and not looks_special(tok)))
+    if size is not None:
+        try:
+            _SCANS[tokenizer] = (size, scan)
+        except TypeError:
+            pass
+    return scan
+
+
 def _id_tensor(values: Iterable[int]) -> torch.Tensor:
     return torch.as_tensor(sorted({int(v) for v in values}), dtype=torch.long)
 
@@ -128,9 +180,8 @@ def token_classes(tokenizer: Any) -> dict[str, torch.Tensor]:
     classes = {role: _id_tensor([i]) for role, i in _role_ids(tokenizer).items()}
     special = special_ids(tokenizer)
     classes["special"] = _id_tensor(special)
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    classes["punct"] = _id_tensor(i for tok, i in vocab.items()
-                                  if is_punctuation(tok) and i not in special)
+    punctuation = vocabulary_ids(tokenizer).punctuation
+    classes["punct"] = punctuation[~torch.isin(punctuation, classes["special"])]
     return classes
 
 

@@ -33,7 +33,7 @@ from attnprobe.capture.parts import Reduce
 from attnprobe.capture.text import max_length_of, model_inputs
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import ScopeLike
-from attnprobe.core.tokens import looks_special, special_template, token_classes
+from attnprobe.core.tokens import special_template, token_classes, vocabulary_ids
 from attnprobe.errors import InputError
 from attnprobe.heads.census_stats import CensusStats
 
@@ -48,15 +48,12 @@ def probe_vocabulary(tokenizer: Any, classes: dict[str, torch.Tensor] | None = N
                      ) -> torch.Tensor:
     """Ids the probe may draw (module docstring), sorted."""
     classes = classes if classes is not None else token_classes(tokenizer)
-    excluded = set(classes["special"].tolist()) | set(classes.get("punct", torch.empty(0,
-                                                                   dtype=torch.long)).tolist())
+    excluded = [classes["special"], classes.get("punct", torch.empty(0, dtype=torch.long))]
     unk = getattr(tokenizer, "unk_token_id", None)
     if isinstance(unk, int):
-        excluded.add(unk)
-    vocab = tokenizer.get_vocab()
-    return torch.tensor(sorted(i for tok, i in vocab.items()
-                               if i not in excluded and not looks_special(tok) and tok.strip()),
-                        dtype=torch.long)
+        excluded.append(torch.tensor([unk]))
+    plain = vocabulary_ids(tokenizer).plain
+    return plain[~torch.isin(plain, torch.cat(excluded))]
 
 
 def _check_length(length: object) -> int:

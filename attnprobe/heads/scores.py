@@ -45,22 +45,16 @@ def wide_scores(tally: Tally, *, window: int = 3, extra: pd.DataFrame | None = N
     ``window``: offsets ±window get a column each; ``extra``: more per-head columns (e.g.
     syntax) merged on ``stack, kind, layer, head``.
     """
-    frame = tally.to_frame()
-    if frame.empty:
+    wide, counts = tally.wide()
+    if wide.empty:
         return pd.DataFrame(columns=INDEX)
-    wide = frame.pivot_table(index=INDEX, columns="statistic", values="value", sort=False)
-    wide.columns.name = None
-    counts = frame.pivot_table(index=INDEX, columns="statistic", values="count", sort=False)
-    counts = counts.reindex(wide.index)
-    out = wide.reset_index()[INDEX].copy()
     means = Means(wide.reset_index(drop=True), counts.reset_index(drop=True), window)
+    columns: dict[str, Any] = {}
     for score in ranked_scores():
         found = score.compute(means)
-        if found is None:
-            continue
-        for name, values in (found.items() if isinstance(found, dict) else
-                             [(score.name, found)]):
-            out[name] = values
+        if found is not None:
+            columns.update(found if isinstance(found, dict) else {score.name: found})
+    out = pd.concat([wide.index.to_frame(index=False), pd.DataFrame(columns)], axis=1)
     if extra is not None and not extra.empty:
         keys = ["stack", "kind", "layer", "head"]
         out = out.merge(extra.drop(columns=["head_id"], errors="ignore"), on=keys, how="left")
