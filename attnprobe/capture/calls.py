@@ -43,6 +43,10 @@ class ForwardCall:
     # for a first run that is the module's own site)
     last_query: dict[int, tuple[Any, Run | None]] = field(default_factory=dict)
     module_runs: dict[int, Run] = field(default_factory=dict)  # id(module) -> its last run
+    # (side, batch, length) -> (the side's mask and ids it was read from, its token view):
+    # every layer of a forward asks for the same views
+    views: dict[tuple[Side, int, int], tuple[Any, Any, tuple]] = field(
+        default_factory=dict, repr=False)
 
     def positions_of(self, side: Side, batch: int, length: int) -> tuple[torch.Tensor, bool]:
         """Which of ``length`` positions are real tokens of ``side``: ``[batch, length]`` bool,
@@ -75,7 +79,17 @@ class ForwardCall:
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Real-token mask, positions among the side's real tokens (counting cached tokens
         of a KV-cache step, -1 on padding) and token ids (``None`` when unknown), each
-        ``[batch, length]``."""
+        ``[batch, length]``; read once per forward (not to be changed in place)."""
+        mask, ids = self.valid.get(side), self.ids.get(side)
+        known = self.views.get((side, batch, length))
+        if known is not None and known[0] is mask and known[1] is ids:
+            return known[2]
+        view = self._token_view(side, batch, length)
+        self.views[(side, batch, length)] = (mask, ids, view)
+        return view
+
+    def _token_view(self, side: Side, batch: int, length: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         valid, are_tokens = self.positions_of(side, batch, length)
         mask = self.valid.get(side)
         ids = self.ids.get(side)

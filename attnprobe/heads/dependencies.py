@@ -123,18 +123,16 @@ class SyntaxCounts(Summable):
         (``mask`` ``[batch, word]`` True on them); the rest is ignored.
         """
         batch, _, _, n, _ = pattern.shape
-        gold = torch.full((batch, n), -1, dtype=torch.long)  # 0-based gold head, -1: none
-        labels: list[list[str | None]] = []
-        for row, tree in enumerate(trees):
-            gold[row, :len(tree)] = torch.tensor(tree.heads, dtype=torch.long) - 1
-            labels.append([r if h > 0 and r != "root" else None
-                           for h, r in zip(tree.heads, tree.relations, strict=True)])
+        labels = [[r if h > 0 and r != "root" else None
+                   for h, r in zip(tree.heads, tree.relations, strict=True)] for tree in trees]
         names = [ALL, *dict.fromkeys(r for row in labels for r in row if r is not None)]
         index = {name: k for k, name in enumerate(names)}
-        relation = torch.full((batch, n), -1, dtype=torch.long)
-        for row, row_labels in enumerate(labels):
-            relation[row, :len(row_labels)] = torch.tensor(
-                [index[r] if r is not None else -1 for r in row_labels], dtype=torch.long)
+        pad = [[-1] * (n - len(tree)) for tree in trees]
+        gold = torch.tensor([[h - 1 for h in tree.heads] + rest  # 0-based gold head, -1: none
+                             for tree, rest in zip(trees, pad, strict=True)], dtype=torch.long)
+        relation = torch.tensor([[-1 if r is None else index[r] for r in row] + rest
+                                 for row, rest in zip(labels, pad, strict=True)],
+                                dtype=torch.long)
         scored = relation >= 0  # has a head and is not labelled root
         member = (relation[None] == torch.arange(len(names))[:, None, None]) & scored  # [r,b,w]
         member[0] = scored  # "all": every scored word
@@ -144,14 +142,16 @@ class SyntaxCounts(Summable):
         closed = eye | ~mask[:, None, :] | ~mask[:, :, None]  # [batch, word, word]
         masked = pattern.masked_fill(closed[:, None, None].to(pattern.device), -math.inf)
         # max(...).indices: much faster than argmax on CPU, above all along dim -2
-        preds = {"dep->head": masked.max(-1).indices.cpu(),
-                 "head->dep": masked.max(-2).indices.cpu()}
-        member_f = member.to(torch.float32)
-        for direction, pred in preds.items():  # pred [batch, layer, head, word]
-            hit = (pred == gold[:, None, None, :]).to(torch.float32)
-            per_relation = torch.einsum("blhw,rbw->rlh", hit, member_f).round().long()
+        preds = torch.stack([masked.max(-1).indices.cpu(), masked.max(-2).indices.cpu()])
+        # [direction, scored word, layer, head]: whether the prediction is the gold head,
+        # counted per relation (and for all) by one index_add over the scored words
+        hit = (preds == gold[None, :, None, None, :]).permute(0, 1, 4, 2, 3)[:, scored].long()
+        per_relation = hit.new_zeros(len(DIRECTIONS), len(names), *hit.shape[2:])
+        per_relation.index_add_(1, relation[scored], hit)
+        per_relation[:, 0] = hit.sum(1)
+        for d, direction in enumerate(DIRECTIONS):
             for k, name in enumerate(names):
-                _add(self.correct, (group, name, direction), per_relation[k])
+                _add(self.correct, (group, name, direction), per_relation[d, k])
         distance = gold - torch.arange(n)  # gold head position relative to the word
         offsets = torch.tensor(self.offsets)
         by_offset = ((distance[None, :, :, None] == offsets) & member[..., None]).sum((1, 2))
@@ -319,13 +319,18 @@ def score_batch(word_pattern: torch.Tensor, word_mask: torch.Tensor, trees: Sequ
     counts = SyntaxCounts(offsets)
     group = (stack, kind)
     counts.grids[group] = (layers, heads)
-    for row, tree in enumerate(trees):
-        if not isinstance(tree, Tree):
-            raise InputError(f"trees[{row}] must be a Tree; got {type(tree).__name__}")
-        n_real = int(word_mask[row].sum())
-        if n_real != len(tree) or not word_mask[row, :n_real].all():
-            raise InputError(f"sentence {tree.sentence_id}: {n_real} words in the mask but "
-                             f"{len(tree)} in the tree (the mask must mark its first words)")
+    wrong = next((row for row, tree in enumerate(trees) if not isinstance(tree, Tree)), None)
+    if wrong is not None:
+        raise InputError(f"trees[{wrong}] must be a Tree; got {type(trees[wrong]).__name__}")
+    n_real = word_mask.sum(1)
+    first_words = torch.arange(n_w, device=word_mask.device)[None, :] < n_real[:, None]
+    bad = (n_real.cpu() != torch.tensor([len(tree) for tree in trees])) | \
+        (word_mask.to(torch.bool) != first_words).any(1).cpu()
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise InputError(f"sentence {trees[row].sentence_id}: {int(n_real[row])} words in the "
+                         f"mask but {len(trees[row])} in the tree (the mask must mark its "
+                         "first words)")
     counts._add_batch(group, word_pattern, word_mask.to(torch.bool).cpu(), trees)
     return counts
 

@@ -53,9 +53,10 @@ def pairwise_js(rows: torch.Tensor) -> torch.Tensor:
     own = _summed_entropy(rows, positive)  # [head]: Σ_rows H(row)
     out = torch.zeros(n_heads, n_heads, dtype=torch.float64)
     step = max(1, _CHUNK_ELEMENTS // max(1, n_rows * n_keys))
+    half = rows * 0.5  # exact (no subnormal weight): half[a] + half[b] == (rows[a] + rows[b]) / 2
     for start in range(0, len(first), step):
         a, b = first[start:start + step], second[start:start + step]
-        mixed = _summed_entropy((rows[a] + rows[b]) * 0.5, positive)  # [pairs]
+        mixed = _summed_entropy(half[a] + half[b], positive)  # [pairs]
         out[a, b] = (mixed - (own[a] + own[b]) / 2).clamp(min=0)
     return out + out.T
 
