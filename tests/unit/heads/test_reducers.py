@@ -106,3 +106,27 @@ def test_nan_on_padding_rows_does_not_leak_into_sums():
     sums = Entropy()(block(p, valid))["entropy"]
     assert torch.isfinite(sums).all()
     assert sums.item() == pytest.approx(2 * math.log(3))
+
+
+def test_wide_is_the_long_table_pivoted_by_pandas():
+    """Means and counts per head equal pandas' pivot of ``to_frame`` (an independent
+    reshaping): two sites, a statistic with its own counts, and a head that saw no row of
+    it (NaN, as the pivot leaves it)."""
+    tally = Tally()
+    p = torch.softmax(torch.randn(2, 3, 4, 4), dim=-1)
+    for layer in (1, 0):  # added out of order: rows come out in site order
+        tally.add(("s", "self", layer), (0, 1, 2), block(p), [Entropy(), MaxWeight()])
+    own = (torch.tensor([2.0, 0.0, 3.0], dtype=torch.float64),
+           torch.tensor([4.0, 0.0, 5.0], dtype=torch.float64))
+    tally.add_sums(("s", "self", 0), (0, 1, 2), 8.0, {"rare": own})
+    means, counts = tally.wide()
+    frame = tally.to_frame()
+    index = ["stack", "kind", "layer", "head", "head_id"]
+    for wide, values in ((means, "value"), (counts, "count")):
+        pivot = frame.pivot_table(index=index, columns="statistic", values=values, sort=False)
+        assert list(wide.columns) == list(pivot.columns) == ["entropy", "max_weight", "rare"]
+        assert wide.index.equals(pivot.index)
+        assert wide.to_numpy().tobytes() == pivot.to_numpy().tobytes()
+    assert means.loc[("s", "self", 0, 2, "L0H2"), "rare"] == 3.0 / 5.0
+    assert means["rare"].isna().tolist() == [False, True, False, True, True, True]
+    assert tally.summary().columns.tolist() == [*index, "entropy", "max_weight", "rare"]
