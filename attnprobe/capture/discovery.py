@@ -28,8 +28,8 @@ from torch import nn
 
 from attnprobe.capture.sites import Site, layer_counts, site_for_path
 
-__all__ = ["HOWS", "How", "attention_sites", "calls_interface", "can_switch",
-           "computes_weights", "hf_sites", "layer_depths", "seams_of", "site_ways"]
+__all__ = ["HOWS", "How", "attention_sites", "calls_interface", "can_switch", "computes_weights",
+           "declared_causal", "hf_sites", "layer_depths", "seams_of", "site_ways"]
 
 How = Literal["interface", "module"]
 HOWS: tuple[How, ...] = ("interface", "module")
@@ -147,3 +147,11 @@ def layer_depths(model: nn.Module, sites: list[Site]) -> dict[tuple[str, str], i
         if key[1] == "self" and modules < depth and count < depth:
             counts[key] = depth
     return counts
+
+
+def declared_causal(model: nn.Module) -> bool | None:
+    """What the model's config says of its self-attention: ``config.causal`` (attnprobe's
+    reference models), else ``config.is_decoder``; ``None`` when it says neither."""
+    config = getattr(model, "config", None)
+    flag = getattr(config, "causal", getattr(config, "is_decoder", None))
+    return flag if isinstance(flag, bool) else None

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from attnprobe.capture.discovery import declared_causal
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site, layer_counts, site_for_path
 from attnprobe.core.hook_point import HookPoint
@@ -68,8 +69,13 @@ def path_sites(model: nn.Module, paths: Sequence[str]) -> list[Site]:
     return sites
 
 
-def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None
+def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None, causal: bool
                   ) -> Callable[..., torch.Tensor | None]:
+    """The hook on a site's pattern; ``causal``: the model declares causal self-attention,
+    so a row sees the keys up to its own position (the weights cannot tell: a head whose
+    other weights all underflow to 0 looks like one that sees a single key)."""
+    causal = causal and site.kind == "self"
+
     def on_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         if not recorder.is_open:  # a forward of another thread: not this capture's
             return None
@@ -82,7 +88,12 @@ def _pattern_hook(recorder: Recorder, site: Site, n_heads: int | None
         pattern = output
         if recorder.takes("pattern"):
             pattern = recorder.tensor(site, "pattern", output, n_heads or output.shape[1])
-        recorder.consume(site, pattern, 0, pattern.shape[2])
+        visible = None
+        if causal and pattern.shape[2] == pattern.shape[3]:
+            positions = recorder.current.token_view(site.side, pattern.shape[0],
+                                                    pattern.shape[2])[1]
+            visible = positions.clamp(min=0) + 1  # [batch, query]
+        recorder.consume(site, pattern, 0, pattern.shape[2], visible)
         return pattern if recorder.rewrites("pattern") else None
 
     return on_output
@@ -158,6 +169,7 @@ def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None
             f"cannot capture attention of {type(model).__name__}: it is not a transformers model "
             "and has no hook_pattern modules; pass paths=[...] of modules that output patterns")
     sites = path_sites(model, paths)
+    causal = declared_causal(model) is True
     recorder.check_layers(layer_counts(sites))
     wanted = [s for s in sites if recorder.wants(s)]
     siblings = [name for name in SIBLINGS if recorder.takes(name)
@@ -169,7 +181,7 @@ def path_seam(model: nn.Module, recorder: Recorder, paths: Sequence[str] | None
                 n_heads = _query_heads(model, site.path)
                 module = model.get_submodule(site.path)
                 handles.append(module.register_forward_hook(
-                    _pattern_hook(recorder, site, n_heads)))
+                    _pattern_hook(recorder, site, n_heads, causal)))
                 for name in siblings:
                     sibling = model.get_submodule(sibling_path(model, site.path, name))
                     handles.append(sibling.register_forward_hook(

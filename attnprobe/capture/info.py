@@ -61,8 +61,7 @@ def model_info(model: nn.Module, *, implementation: str, n_layers: int = 0, n_he
     heads = _first(config, "num_attention_heads", "num_heads", "n_heads", "n_head",
                    default=n_heads)
     if causal is None:  # unknown when neither the attention modules nor the config say
-        flag = getattr(config, "causal", getattr(config, "is_decoder", None))
-        causal = flag if isinstance(flag, bool) else None
+        causal = discovery.declared_causal(model)
     return ModelInfo(name=str(name), arch=str(arch), n_layers=layers, n_heads=heads,
                      causal=causal, attn_implementation=implementation,
                      dtype=dtype or _dtype(model),
@@ -85,8 +84,7 @@ def causal_of(model: nn.Module) -> bool | None:
         flags = [flag for flag in flags if isinstance(flag, bool)]
         if flags:
             return any(flags)
-    flag = getattr(config, "causal", getattr(config, "is_decoder", None))
-    return flag if isinstance(flag, bool) else None
+    return discovery.declared_causal(model)
 
 
 def attention_sizes(model: nn.Module) -> tuple[int, int]:

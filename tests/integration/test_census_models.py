@@ -24,7 +24,7 @@ the same labels and scores as the census, with ``similarity=True`` (weights kept
 
 The constructed heads are sharp but not one-hot (like trained heads); the one-hot limits
 (methods.md §13 self-tests 2-4) are checked separately, where ``collapsed`` also fires and must
-be listed in ``also`` only. Tests marked xfail document library gaps these checks found.
+be listed in ``also`` only.
 
 ``repeated=False`` in every census: the default repeated-token probe draws 2 x 50 tokens, longer
 than the reference models' 64 positions (see ``test_census_default_probe_fits_reference_models``);
@@ -583,16 +583,12 @@ def test_causal_uniform_head_is_broad_on_short_sentences():
     assert row["label"] == "broad", f"{row['label']} ({row['evidence']})"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "capture/parts.py Reduce.on_rows: the hook seam (reference models) passes no "
-    "'visible', so it is estimated as the keys some head of the layer gives weight > 0; when "
-    "every head underflows to exact zeros, visible keys are undercounted and the streamed "
-    "entropy_norm (NaN) / chance_weight (1.0) differ from the stored-maps path (info.causal)"))
-def test_underflowing_layer_gives_the_same_scores_streamed_and_stored():
+@pytest.mark.parametrize("similarity", [False, True])
+def test_underflowing_layer_gives_the_same_scores_streamed_and_stored(similarity):
     """Every head of ALiBi layer 0 is an identity head with slope 200: e^-200 underflows to 0
-    in float32, so each row's weights are exactly one-hot. ``similarity=False``: the streaming
-    path, where visible keys are counted per layer. (With ``similarity=True`` the census counts
-    them over all layers of the batch, so the random layer 1 hides the problem here.)"""
+    in float32, so each row's weights are exactly one-hot and cannot tell how many keys the
+    row could see; the hook seam reads it from the model's declared causal mask, as the
+    stored maps do (``info.causal``)."""
     model, tok = reference("alibi")
     attn = model.blocks[0].attn
     with torch.no_grad():
@@ -601,7 +597,7 @@ def test_underflowing_layer_gives_the_same_scores_streamed_and_stored():
             set_projection(attn.k_proj, head)
             attn.slopes[head] = 200.0
     streamed = layer0(ap.heads.census(model, tok, TEXTS, batch_size=BATCH, repeated=False,
-                                      similarity=False).classify(), 0)
+                                      similarity=similarity).classify(), 0)
     stored = layer0(ap.heads.classify(ap.extract(model, tok, TEXTS, batch_size=BATCH)), 0)
     chance = sum(sum(1 / k for k in range(1, n + 1)) for n in LENGTHS) / sum(LENGTHS)
     for row in (stored, streamed):

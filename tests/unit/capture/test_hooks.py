@@ -6,6 +6,7 @@ from torch import nn
 
 import attnprobe as ap
 from attnprobe.capture import HookPoint, count_hooks
+from attnprobe.capture.parts import Part
 from attnprobe.models import build_reference
 from tests.conftest import track
 
@@ -273,3 +274,35 @@ def test_stop_early_waits_for_every_path_whatever_order_they_are_given_in():
     assert [m.layers for m in early.maps] == [(0, 1, 2)] * 2
     for a, b in zip(full.maps, early.maps, strict=True):
         assert torch.equal(a.pattern, b.pattern)
+
+
+def _visible_counts(model, batch):
+    """``rows.visible`` the hook seam hands each part, per layer."""
+
+    class Spy(Part):
+        name = "spy"
+        whole_rows = False
+
+        def __init__(self):
+            self.seen = {}
+
+        def on_rows(self, host, rows):
+            self.seen[rows.site.layer] = rows.visible
+
+    spy = Spy()
+    with ap.capture(model, parts=[spy]):
+        model(**batch)
+    return spy.seen
+
+
+def test_a_causal_reference_model_tells_each_row_how_many_keys_it_sees():
+    """Row i of a causal model sees its i + 1 first real tokens (left padding counts none),
+    whatever the weights: a one-hot head could not tell."""
+    model, tok = build_reference("transformer")  # causal decoder-only
+    batch = tok(["the cat sat on the mat", "a dog"], padding_side="left")
+    valid = batch["attention_mask"].bool()
+    expected = (valid.long().cumsum(-1) - 1).clamp(min=0) + 1
+    for visible in _visible_counts(track(model), batch).values():
+        assert torch.equal(visible[valid], expected[valid])
+    encoder, enc_tok = build_reference("encoder")  # bidirectional: read from the weights
+    assert all(v is None for v in _visible_counts(track(encoder), enc_tok(["a dog"])).values())
