@@ -135,8 +135,10 @@ def _cached_tokens(kwargs: dict, side: str) -> dict[str, int]:
 def _record_inputs(recorder: Recorder) -> Callable[..., None]:
     """Root pre-hook: note token ids and padding of every forward call of this thread."""
 
-    def on_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if not recorder.is_open:  # another thread's forward: not this capture's
+    def on_call(module: nn.Module, args: tuple, kwargs: dict | None = None) -> None:
+        # torch copies a module's hooks, then asks of each whether it takes kwargs: a
+        # forward of another thread while this capture opens or closes calls it without
+        if kwargs is None or not recorder.is_open:
             return
         ids = _tensor_arg(args, kwargs, "input_ids", 0)
         mask = _tensor_arg(args, kwargs, "attention_mask", 1)

@@ -228,8 +228,9 @@ def module_seam(model: nn.Module, recorder: Recorder, sites: Sequence[Site]) -> 
 
 
 def _on_start(recorder: Recorder, base: Site, layout: Layout) -> Callable[..., None]:
-    def start(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if not recorder.is_open:  # another thread's forward
+    def start(module: nn.Module, args: tuple, kwargs: dict | None = None) -> None:
+        # no kwargs: another thread's forward while the capture opens or closes (_record_inputs)
+        if kwargs is None or not recorder.is_open:
             return
         run = recorder.start_run(module, base)
         recorder.ran.add(base)
@@ -243,6 +244,8 @@ def _on_start(recorder: Recorder, base: Site, layout: Layout) -> Callable[..., N
 
 def _on_end(recorder: Recorder) -> Callable[..., None]:
     def end(module: nn.Module, args: tuple, output: Any) -> None:
+        if not recorder.is_open:  # another thread's forward: its end is not this run's
+            return
         reader = recorder.readers.pop(id(module), None)
         if reader is not None:
             reader.__exit__(None, None, None)

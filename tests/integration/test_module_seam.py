@@ -156,3 +156,62 @@ def test_longformer_global_attention_is_a_one_line_refusal():
             torch.no_grad(), ap.capture(model):
         model(**inputs, global_attention_mask=glob)
     assert ap.count_hooks(model) == 0
+
+
+def test_another_threads_forward_ending_inside_a_captured_run_leaves_that_run_alone():
+    """Thread A's capture is inside layer 0's attention (before its softmax) when thread B,
+    capturing nothing, runs a whole forward of the same model: B's module ends must not
+    close A's open run, so A still reads every layer, equal to the eager twin."""
+    import threading
+
+    model, twin = build_pair("bloom")
+    inputs = padded("bloom")
+    inside, done = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def wait_for_b(module, args):
+        if threading.current_thread().name == "a" and not done.is_set():
+            inside.set()
+            done.wait(60)
+
+    def run_a():
+        try:
+            with torch.no_grad(), ap.capture(model) as cap:
+                model(**inputs)
+            outcome["a"] = cap
+        except BaseException as exc:  # reported below
+            outcome["a"] = exc
+
+    def run_b():
+        try:
+            inside.wait(60)
+            with torch.no_grad():
+                model(**inputs)
+        except BaseException as exc:  # reported below
+            outcome["b"] = exc
+        finally:
+            done.set()
+
+    handle = model.get_submodule("h.0.self_attention.query_key_value").register_forward_pre_hook(
+        wait_for_b)
+    try:
+        threads = [threading.Thread(target=run_a, name="a"), threading.Thread(target=run_b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        handle.remove()
+    assert "b" not in outcome, outcome["b"]
+    cap = outcome["a"]
+    assert isinstance(cap, ap.Capture), cap
+    reference = eager_reference(twin, inputs)
+    assert len(cap.maps) == 2
+    for amap in cap.maps:
+        b = int(amap.example_id)
+        assert amap.layers == (0, 1)
+        for i, layer in enumerate(amap.layers):
+            torch.testing.assert_close(amap.pattern[i],
+                                       real(reference[layer], inputs["attention_mask"], b),
+                                       atol=1e-5, rtol=0)
+

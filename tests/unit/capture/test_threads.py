@@ -327,3 +327,54 @@ def test_threads_generating_at_once_each_get_their_own_sequence():
         assert maps[0].shape == alone.maps[0].shape
         assert (maps[0].pattern - alone.maps[0].pattern).abs().max() <= 1e-6
     assert count_hooks(model) == 0 and implementations(model) == {"sdpa"}
+
+
+@pytest.mark.parametrize("family, gated", [("gpt2", ""), ("bloom", "h.0.self_attention")])
+def test_a_capture_closed_while_another_forward_runs_its_pre_hooks(family, gated):
+    """torch copies a module's pre-hooks before calling them and asks per hook whether it
+    takes kwargs: a capture that closes in between (here while thread B waits in a pre-hook
+    registered ahead of the capture's) leaves B calling the capture's hook without kwargs.
+    B's forward runs on, unchanged, and A keeps the maps of its own forward."""
+    from tests.integration import legacy_models
+
+    if family == "bloom":  # its attention modules compute their own weights: module seam
+        model, _ = legacy_models.build_pair(family)
+        inputs = legacy_models.padded(family)
+    else:
+        model = build(family)
+        inputs = batch(family)
+    with torch.no_grad():
+        plain = model(**inputs).last_hidden_state
+    a_open, b_inside, a_closed = threading.Event(), threading.Event(), threading.Event()
+    outcome = {}
+
+    def gate(module, args):
+        if threading.get_ident() == outcome.get("b thread"):
+            b_inside.set()
+            a_closed.wait(WAIT)
+
+    def run_a():
+        try:
+            with torch.no_grad(), ap.capture(model) as cap:
+                model(**inputs)
+                a_open.set()
+                b_inside.wait(WAIT)
+            outcome["a"] = cap
+        finally:
+            a_open.set()
+            a_closed.set()
+
+    def run_b():
+        outcome["b thread"] = threading.get_ident()
+        a_open.wait(WAIT)
+        with torch.no_grad():
+            outcome["b"] = model(**inputs).last_hidden_state
+
+    handle = model.get_submodule(gated).register_forward_pre_hook(gate, prepend=True)
+    try:
+        assert _run(run_a, run_b) == []
+    finally:
+        handle.remove()
+    assert torch.equal(outcome["b"], plain)
+    assert len(outcome["a"].maps) == len(inputs["input_ids"])
+    assert count_hooks(model) == 0
