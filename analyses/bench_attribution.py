@@ -35,6 +35,7 @@ import attnprobe
 from attnprobe.attribution.methods import attribute, embedding_layer
 from attnprobe.attribution.targets import Target, parse_target
 from attnprobe.capture.text import encode
+from attnprobe.core.lines import split_lines
 from attnprobe.core.optional import require
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -59,7 +60,7 @@ class Config:
 
 
 def _sentences(cfg: Config) -> list[str]:
-    lines = (DATA / cfg.corpus).read_text().splitlines()
+    lines = split_lines((DATA / cfg.corpus).read_text(encoding="utf-8"))
     return [line.strip() for line in lines if line.strip()][:cfg.n_sentences]
 
 

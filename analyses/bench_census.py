@@ -72,6 +72,7 @@ from harness.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 import attnprobe
 from attnprobe.capture.text import model_inputs, pad_ids
+from attnprobe.core.lines import split_lines
 from attnprobe.heads import census, parse
 from attnprobe.heads.census_batches import plan_batches
 from attnprobe.heads.scores import census_reducers, wide_scores
@@ -142,7 +143,7 @@ def _timing_table(raw: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- part 1: census
 def _sentences(cfg: Config) -> list[str]:
-    lines = [line.strip() for line in (DATA / cfg.corpus).read_text().splitlines()]
+    lines = [line.strip() for line in split_lines((DATA / cfg.corpus).read_text(encoding="utf-8"))]
     texts = [line for line in lines if line]
     if len(texts) < cfg.n_sentences:
         raise ValueError(f"{cfg.corpus} has {len(texts)} sentences, fewer than {cfg.n_sentences}")

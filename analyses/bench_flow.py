@@ -43,6 +43,7 @@ from harness.runs import analysis_main
 
 import attnprobe
 from attnprobe.attribution import attention_flow, view_common, views
+from attnprobe.core.lines import split_lines
 
 DATA = Path(__file__).resolve().parent / "data" / "census_sentences.txt"
 
@@ -69,7 +70,7 @@ class Config:
 def _text(tokenizer: Any, seq_len: int) -> str:
     """Enough sentences to fill ``seq_len`` word pieces."""
     text = ""
-    for line in DATA.read_text().splitlines():
+    for line in split_lines(DATA.read_text(encoding="utf-8")):
         text = f"{text} {line.strip()}".strip()
         if len(tokenizer(text)["input_ids"]) > seq_len:
             return text

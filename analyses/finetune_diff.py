@@ -46,6 +46,7 @@ from harness.runs import analysis_main
 from torch import nn
 
 import attnprobe
+from attnprobe.core.lines import split_lines
 from attnprobe.heads.checkpoint_diff import diff
 from attnprobe.tasks.classification import accuracy, train_classifier
 from attnprobe.tasks.keytoken import KeyTokenData
@@ -128,7 +129,7 @@ def word_order_task(sentences: list[str], seed: int) -> KeyTokenData:
 
 
 def _sentences(cfg: Config) -> tuple[list[str], list[str]]:
-    lines = [line.strip() for line in (DATA / cfg.corpus).read_text().splitlines()]
+    lines = [line.strip() for line in split_lines((DATA / cfg.corpus).read_text(encoding="utf-8"))]
     texts = [line for line in lines if len(line.split()) >= 3]
     if len(texts) < cfg.n_train + cfg.n_eval:
         raise ValueError(f"{cfg.corpus} has {len(texts)} sentences of 3+ words, fewer than "

@@ -39,6 +39,7 @@ import torch
 from harness.runs import analysis_main
 
 import attnprobe
+from attnprobe.core.lines import split_lines
 from attnprobe.heads import RULES, census, layer_profile, parse
 from attnprobe.heads.label_rules import FALLBACK_COLOUR
 from attnprobe.heads.labels import label_counts
@@ -69,7 +70,7 @@ class Config:
 
 
 def _sentences(cfg: Config) -> list[str]:
-    lines = [line.strip() for line in (DATA / cfg.corpus).read_text().splitlines()]
+    lines = [line.strip() for line in split_lines((DATA / cfg.corpus).read_text(encoding="utf-8"))]
     texts = [line for line in lines if line]
     if len(texts) < cfg.n_sentences:
         raise ValueError(f"{cfg.corpus} has {len(texts)} sentences, fewer than {cfg.n_sentences}")

@@ -77,6 +77,7 @@ import attnprobe
 from attnprobe.attribution.comparison import compare
 from attnprobe.attribution.targets import parse_target
 from attnprobe.capture.text import encode
+from attnprobe.core.lines import split_lines
 from attnprobe.errors import InputError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -124,7 +125,7 @@ def family(reference: str) -> str:
 def select(cfg: Config, tokenizer) -> list[tuple[str, int]]:
     """The first ``n_sentences`` sentences of the corpus with at most ``max_tokens`` tokens."""
     chosen = []
-    for line in (DATA / cfg.corpus).read_text(encoding="utf-8").splitlines():
+    for line in split_lines((DATA / cfg.corpus).read_text(encoding="utf-8")):
         text = line.strip()
         if not text:
             continue

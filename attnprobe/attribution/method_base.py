@@ -8,6 +8,7 @@ point :func:`~attnprobe.attribution.methods.attribute`) and
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -37,7 +38,10 @@ class Problem:
         target: the target, already fixed on the unperturbed input.
         value: the target on the unperturbed input.
         special: bool ``[seq]``, True for special tokens ([CLS], [SEP], BOS ...).
-        pad_id: baseline token id; ``unk_id``: occlusion token id (either may be None).
+        pad_id: baseline token id (:func:`~attnprobe.attribution.baseline.baseline_token`;
+            None when no token fits); ``unk_id``: occlusion token id (may be None).
+        baseline_note: a one-line warning naming the baseline token, given when a method
+            first uses it (None for the pad or unk token).
         embedding: the input embedding layer, or None when it could not be resolved (only the
             gradient methods need it; they raise then).
     """
@@ -52,6 +56,7 @@ class Problem:
     embedding: nn.Module | None
     seed: int = 0
     batch_size: int = 8
+    baseline_note: str | None = None
 
     @property
     def ids(self) -> torch.Tensor:
@@ -84,13 +89,20 @@ class Problem:
                              " pass embedding= (the module or its path)")
         return self.embedding
 
-    def baseline_ids(self) -> torch.Tensor:
-        """The input with every non-special token replaced by the pad token, ``[1, seq]``."""
+    def baseline_id(self) -> int:
+        """The baseline token's id; its note (a token other than pad or unk) is a warning."""
         if self.pad_id is None:
-            raise InputError("the tokenizer has no pad (or unk) token for the baseline: set "
-                             "tokenizer.pad_token")
+            raise InputError("no token of the tokenizer fits the model's input embedding to "
+                             "serve as the attribution baseline")
+        if self.baseline_note is not None:
+            warnings.warn(self.baseline_note, UserWarning, stacklevel=3)
+        return self.pad_id
+
+    def baseline_ids(self) -> torch.Tensor:
+        """The input with every non-special token replaced by the baseline token,
+        ``[1, seq]``."""
         return torch.where(self.special.unsqueeze(0), self.ids,
-                           torch.full_like(self.ids, self.pad_id))
+                           torch.full_like(self.ids, self.baseline_id()))
 
     def embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
         """What the embedding layer outputs during the forward on ``input_ids``."""

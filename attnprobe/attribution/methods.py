@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.attribution.baseline import baseline_token
 from attnprobe.attribution.gradient_methods import (
     PASS_TOKENS,
     GradientShap,
@@ -62,7 +63,7 @@ from attnprobe.attribution.method_base import METHODS, Explanation, Method, Prob
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
 from attnprobe.capture.text import Truncation, check_inputs, encode
-from attnprobe.capture.token_ids import input_embeddings
+from attnprobe.capture.token_ids import input_embeddings, input_vocab_size
 from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
@@ -242,7 +243,7 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
     target = parse_target(target, model, tokenizer)
     layer = embedding_layer(model, embedding)
     specials = special_ids(tokenizer)
-    pad_id = _token_id(tokenizer, "pad_token_id", "unk_token_id")
+    baseline = baseline_token(tokenizer, input_vocab_size(model))
     unk_id = _token_id(tokenizer, "unk_token_id")
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
@@ -277,8 +278,10 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
             row = batch["input_ids"][0]
             special = torch.tensor([int(t) in specials for t in row.tolist()],
                                    dtype=torch.bool, device=device)
-            problem = Problem(model, batch, fixed, value, special, pad_id, unk_id, layer,
-                              seed=seed, batch_size=batch_size)
+            problem = Problem(model, batch, fixed, value, special,
+                              None if baseline is None else baseline.id, unk_id, layer,
+                              seed=seed, batch_size=batch_size,
+                              baseline_note=None if baseline is None else baseline.note())
             tokens = tokenizer.convert_ids_to_tokens(row.tolist())
             for method in built:
                 if on_method is not None:

@@ -84,15 +84,14 @@ class LeaveOneOut(_Batched):
 @METHODS.register("occlusion")
 @dataclass(frozen=True)
 class Occlusion(_Batched):
-    """``f(x) − f(x with token i replaced by [UNK])`` (pad when there is no unk); the
-    replacements run ``batch_size`` per forward."""
+    """``f(x) − f(x with token i replaced by [UNK])`` (the baseline token when there is no
+    unk, :mod:`attnprobe.attribution.baseline`); the replacements run ``batch_size`` per
+    forward."""
 
     name: ClassVar[str] = "occlusion"
 
     def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
-        fill = problem.unk_id if problem.unk_id is not None else problem.pad_id
-        if fill is None:
-            raise InputError("occlusion: the tokenizer has neither an unk nor a pad token")
+        fill = problem.unk_id if problem.unk_id is not None else problem.baseline_id()
         variants = problem.ids[0].repeat(len(positions), 1)  # [k, seq]
         variants[torch.arange(len(positions)), positions] = fill
         return variants

@@ -3,7 +3,9 @@
 - A text is a string or token ids (:mod:`attnprobe.capture.token_ids`: lists of ids, a 2-D
   id tensor, a tokenizer output); ids are given to the model exactly as they are.
 - A string with a tab is a **sentence pair** ``a<TAB>b``, encoded the tokenizer's way
-  (``[CLS] a [SEP] b [SEP]`` for BERT); both halves must hold text. A string that gives no
+  (``[CLS] a [SEP] b [SEP]`` for BERT), when the tokenizer has a pair template
+  (:func:`pairs_of`); both halves must hold text. Without one (GPT-2, LLaMA) the tab stays in
+  the text, as the tokenizer encodes it. A string that gives no
   token besides the tokenizer's special tokens (a zero-width space, a lone combining accent,
   control characters ...) is an error naming it.
 - Every id is checked against the model's input embedding: a tokenizer larger than the
@@ -30,10 +32,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from attnprobe.capture.length_limit import NO_LIMIT, max_length_of, token_limit
 from attnprobe.capture.token_ids import Text, TokenIds, check_inputs, input_vocab_size
 from attnprobe.core.display import counted, describe
 from attnprobe.core.registry import one_of
-from attnprobe.core.tokens import special_ids
+from attnprobe.core.tokens import has_pair_template, special_ids
 from attnprobe.errors import InputError
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "model_keys",
     "pad_ids",
     "pad_rows",
+    "pairs_of",
     "prepare_corpus",
     "text_input",
     "token_lengths",
@@ -66,7 +70,6 @@ __all__ = [
 DEFAULT_BATCH_SIZE = 16  # texts per forward, the same default for every corpus analysis
 Truncation = Literal["error", "cut", "skip"] | bool
 TRUNCATIONS = ("error", "cut", "skip")
-_HUGE = 1_000_000  # tokenizers report "no limit" as a huge sentinel
 
 
 def truncation_mode(value: Truncation) -> str:
@@ -97,25 +100,13 @@ def text_input(text: str) -> str | tuple[str, str]:
     return (first, second) if tab else text
 
 
-def max_length_of(model: nn.Module, tokenizer: Any) -> int | None:
-    """The most tokens the model accepts (tokenizer limit and position table), if known."""
-    limits = [getattr(tokenizer, "model_max_length", None)]
-    config = getattr(model, "config", None)
-    limits.append(getattr(config, "max_position_embeddings", None))
-    limits.append(getattr(config, "max_len", None))
-    limits = [n for n in limits if isinstance(n, int) and 0 < n < _HUGE]
-    return min(limits) if limits else None
-
-
-def token_limit(model: nn.Module, tokenizer: Any, max_length: int | None) -> int | None:
-    """The most tokens per text: the model's own limit (:func:`max_length_of`), lowered to
-    ``max_length`` when given (checked: a positive int); ``None`` when unknown."""
-    limit = max_length_of(model, tokenizer)
-    if max_length is not None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-            raise InputError(f"max_length must be a positive integer; got {max_length!r}")
-        limit = min(limit, max_length) if limit else max_length
-    return limit
+def pairs_of(tokenizer: Any, texts: Sequence[Any]) -> bool:
+    """Whether the tabs of ``texts`` make sentence pairs: only for a tokenizer with a pair
+    template (:func:`~attnprobe.core.tokens.has_pair_template`). Without one a pair is two
+    texts glued together (GPT-2: the tab is lost) or two single templates (LLaMA: a second
+    ``<s>``), so the tab stays part of the text."""
+    return any(isinstance(t, str) and "\t" in t for t in texts) \
+        and has_pair_template(tokenizer)
 
 
 # What a tokenizer's output gives the model. Segment ids keep the halves of a sentence pair
@@ -145,8 +136,10 @@ class TokenRow:
 
 
 def _hf_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> list[TokenRow]:
-    """Single texts and sentence pairs, each encoded alone the tokenizer's way, unpadded."""
-    inputs = [text_input(t) for t in texts]
+    """Single texts and sentence pairs, each encoded alone the tokenizer's way, unpadded; a
+    tab is kept as text for a tokenizer without a pair template (:func:`pairs_of`)."""
+    split = pairs_of(tokenizer, texts)
+    inputs = [text_input(t) if split else t for t in texts]
     options = cut or {"truncation": False}
     rows: list[TokenRow] = [TokenRow([])] * len(inputs)
     single = [i for i, x in enumerate(inputs) if isinstance(x, str)]
@@ -172,7 +165,7 @@ def _other_rows(tokenizer: Any, texts: Sequence[str], cut: dict[str, Any]) -> li
         raise InputError(f"{type(tokenizer).__name__} cannot encode sentence pairs (texts with "
                          "a tab)")
     # length limits are checked by the caller, the same way for every tokenizer
-    batch = tokenizer(list(texts), padding_side="right", **(cut or {"max_length": _HUGE}))
+    batch = tokenizer(list(texts), padding_side="right", **(cut or {"max_length": NO_LIMIT}))
     ids = torch.as_tensor(batch["input_ids"]).tolist()
     mask = torch.as_tensor(batch["attention_mask"]).tolist() if "attention_mask" in batch \
         else [[1] * len(row) for row in ids]
@@ -296,7 +289,7 @@ def encode(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
         i = lengths.index(max(lengths))
         if mode == "cut":  # the special tokens alone need more than the limit
             specials = getattr(tokenizer, "num_special_tokens_to_add", None)
-            pair = isinstance(items[i], str) and "\t" in items[i]  # type: ignore[operator]
+            pair = pairs_of(tokenizer, [items[i]])
             need = specials(pair=pair) + 1 if callable(specials) else limit + 1
             raise InputError(f"text {i} cannot be cut to {limit} tokens: its special tokens "
                              f"and one word need at least {need}; raise --max-length")

@@ -17,6 +17,7 @@ import pandas as pd
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text, TokenIds
 from attnprobe.core.distributed import start_group, torchrun_env
 from attnprobe.core.files import atomic_write, check_outputs
+from attnprobe.core.lines import read_lines
 from attnprobe.core.options import CliOption
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import SCOPE_FORMS, Scope
@@ -128,7 +129,8 @@ def text_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="minilm",
                         help="minilm (default), ref:<name>, or a local HF model directory")
     parser.add_argument("--text", action="append", help="a text (repeatable); a tab inside "
-                        "makes it a sentence pair")
+                        "makes it a sentence pair when the tokenizer has a pair template "
+                        "(BERT's [CLS] a [SEP] b [SEP]), else the tab is kept")
     parser.add_argument("--text-file", help="a UTF-8 file with one text per line")
     parser.add_argument("--ids", action="append", type=ids_value, metavar="IDS",
                         help="a text as token ids, e.g. \"2 14 15\" (repeatable): given to "
@@ -249,20 +251,6 @@ def query_value(text: str) -> str | int:
 
 
 # ------------------------------------------------------------------------------- inputs
-def _lines(name: str, what: str) -> list[str]:
-    path = Path(name)
-    if not path.is_file():
-        raise AttnProbeError(f"{what} file not found: {path}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise AttnProbeError(f"{path} is not UTF-8 text") from None
-    found = [line.strip() for line in lines if line.strip()]
-    if not found:
-        raise AttnProbeError(f"{what} file {path} has no {what} (every line is blank)")
-    return found
-
-
 def texts_from_args(args: argparse.Namespace,
                     hint: str = "pass --text \"...\", --text-file FILE (one text a line), "
                                 "--ids \"2 14 15\" or --ids-file FILE"
@@ -271,11 +259,11 @@ def texts_from_args(args: argparse.Namespace,
     (a text's index in this list is its ``example_id``)."""
     texts: list[Text] = list(getattr(args, "text", None) or [])
     if getattr(args, "text_file", None):
-        texts.extend(_lines(args.text_file, "text"))
+        texts.extend(line.text for line in read_lines(args.text_file, "text"))
     texts.extend(getattr(args, "ids", None) or [])
     if getattr(args, "ids_file", None):
-        texts.extend(ids_of(line, f"{args.ids_file} line {n}")
-                     for n, line in enumerate(_lines(args.ids_file, "ids"), start=1))
+        texts.extend(ids_of(line.text, f"{args.ids_file} line {line.number}")
+                     for line in read_lines(args.ids_file, "ids"))
     if not texts:
         raise AttnProbeError(f"no text: {hint}")
     return texts

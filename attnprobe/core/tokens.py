@@ -14,7 +14,9 @@
   (its post-processor): ``[CLS] … [SEP]`` for BERT, ``<s> …`` for LLaMA, nothing for GPT-2,
   ``[BOS] …`` for attnprobe's word tokenizer. :func:`special_template` reads it off the
   tokenizer's own output, since transformers 5 tokenizers no longer have
-  ``build_inputs_with_special_tokens``.
+  ``build_inputs_with_special_tokens``. It has a **pair template** (:func:`has_pair_template`)
+  when a sentence pair is not two single texts back to back (BERT's ``[CLS] a [SEP] b
+  [SEP]``; not GPT-2's nothing, nor LLaMA's second ``<s>``).
 - **Readable tokens** (:func:`readable`): what people are shown. A tokenizer's *style*
   (:data:`TOKEN_STYLES`, read once from the tokenizer by :func:`token_style` and recorded with
   the maps) says how its token strings spell text: ``byte_level`` (GPT-2, RoBERTa, LLaMA 3:
@@ -47,6 +49,7 @@ __all__ = [
     "VocabularyIds",
     "byte_alphabet",
     "guess_style",
+    "has_pair_template",
     "is_punctuation",
     "looks_special",
     "readable",
@@ -221,6 +224,25 @@ def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
     raise InputError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around "
                      f"a text: none of {', '.join(map(repr, TEMPLATE_TEXTS))} gives its "
                      "tokens inside tokenizer(text)")
+
+
+def has_pair_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer(a, b)`` encodes a sentence pair its own way: the special tokens
+    of the pair are not those of two single texts back to back (BERT ``[CLS] a [SEP] b
+    [SEP]``, RoBERTa ``<s> a </s></s> b </s>``). GPT-2 adds nothing to a pair (the halves are
+    glued) and LLaMA repeats its single template (a second ``<s>``): no pair template.
+    False too for a tokenizer that cannot encode pairs."""
+    specials = special_ids(tokenizer)
+    for text in TEMPLATE_TEXTS:
+        try:
+            single = _first_row(tokenizer(text)["input_ids"])
+            pair = _first_row(tokenizer(text, text)["input_ids"])
+        except (AttributeError, KeyError, TypeError, ValueError, InputError):
+            return False
+        if any(i not in specials for i in single):  # the text gave a token of its own
+            around = [i for i in single if i in specials]
+            return [i for i in pair if i in specials] != around + around
+    return False
 
 
 class TokenVocabulary:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from numbers import Real
 
@@ -36,8 +36,8 @@ from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 
 __all__ = ["FALLBACK", "FALLBACK_COLOUR", "FALLBACK_FAMILY", "FAMILIES", "RULES", "LabelRule",
-           "Row", "Rule", "RuleRegistry", "Thresholds", "all_hold", "comparison", "fixed_offset",
-           "number_text", "rule", "score_of", "sink_free"]
+           "Row", "Rule", "RuleRegistry", "Thresholds", "all_hold", "check_judgeable",
+           "comparison", "fixed_offset", "number_text", "rule", "score_of", "sink_free"]
 
 FALLBACK = "heterogeneous"  # the label when no rule fires: last in the precedence
 FALLBACK_COLOUR = "#555555"
@@ -58,7 +58,7 @@ FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Every threshold of the rules (module docstring); defaults from methods.md §13.
+    """Every threshold of the rules (module docstring); defaults from the published head-pattern studies (Clark et al. 2019; Kovaleva et al. 2019).
 
     The sink-free rules (previous, next, self, offset, collapsed, broad, and the copying
     rules on corpus evidence) read the ``*_nosink`` scores or need ``min_rest``: the head is
@@ -247,6 +247,27 @@ def rule(label: str, *, rank: float, family: str, colour: str | None = None
         return test
 
     return add
+
+
+# ---- what the rules can judge -------------------------------------------------------------
+
+# The mean over the rows that may see two keys or more (heads/stats/rows.py): NaN when no row
+# of the corpus does.
+SEVERAL_KEYS = "entropy_norm"
+
+
+def check_judgeable(rows: Sequence[Row]) -> None:
+    """Refuse a table in which no head saw a row with more than one key (a corpus of one-token
+    texts: 1 x 1 maps). Every head then puts its whole weight on the lone key, which every rule
+    would read as a sink or a one-hot pattern: there is nothing to tell the heads apart by.
+    Tables without the ``entropy_norm`` column are not checked."""
+    if not rows or any(SEVERAL_KEYS not in row for row in rows):
+        return
+    if all(score_of(row, SEVERAL_KEYS) is None for row in rows):
+        raise InputError("no attention row of the corpus sees more than one key (every text "
+                         "is one token: 1 x 1 maps), so the heads cannot be told apart "
+                         f"({SEVERAL_KEYS} is NaN for every head); give texts of two tokens "
+                         "or more")
 
 
 # ---- evidence helpers ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from attnprobe.errors import InputError
-from attnprobe.heads.label_rules import FALLBACK, RULES, Row, Thresholds
+from attnprobe.heads.label_rules import FALLBACK, RULES, Row, Thresholds, check_judgeable
 from attnprobe.heads.stats import score_columns
 
 __all__ = ["INDEX_COLUMNS", "LABEL_COUNT_COLUMNS", "RESULT_COLUMNS",
@@ -89,7 +89,8 @@ def classify_scores(scores: pd.DataFrame, thresholds: Thresholds | None = None) 
 
     Raises:
         InputError: missing index columns, an empty table, a duplicated head, a non-numeric
-            score the rules read, or a head whose every score is NaN.
+            score the rules read, a head whose every score is NaN, or a corpus in which no
+            row saw more than one key (:func:`~attnprobe.heads.label_rules.check_judgeable`).
 
     Example:
         >>> scores = pd.DataFrame({"stack": "enc", "kind": "self", "layer": [0, 0, 1],
@@ -123,8 +124,10 @@ def classify_scores(scores: pd.DataFrame, thresholds: Thresholds | None = None) 
     numeric = [c for c in score_cols if c in known]
     rows = pd.concat([scores[[c for c in score_cols if c not in numeric]],
                       _numeric(scores, numeric, "score table")], axis=1)
+    records = rows.to_dict("records")
+    check_judgeable(records)
     results = [(label, RULES.family(label), evidence, also) for label, evidence, also in
-               (classify_row(row, thresholds) for row in rows.to_dict("records"))]
+               (classify_row(row, thresholds) for row in records)]
     labels = pd.DataFrame(results, columns=list(RESULT_COLUMNS), index=scores.index)
     out = pd.concat([scores[list(INDEX_COLUMNS)], labels, scores[score_cols]], axis=1)
     return out.reset_index(drop=True)

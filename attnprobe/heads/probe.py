@@ -1,6 +1,6 @@
 """Previous-token, duplicate-token and induction heads on repeated random tokens.
 
-The probe (TransformerLens demos, Olsson et al.; methods §11.3 and §11.5): random tokens
+The probe (TransformerLens demos; Olsson et al. 2022, induction and duplicate-token scores): random tokens
 ``x_1..x_m`` repeated, ``x_1..x_m x_1..x_m``, inside the tokenizer's own template — what
 ``tokenizer(text)`` adds around a text (:func:`~attnprobe.core.tokens.special_template`):
 ``[CLS] … [SEP]`` for BERT, ``<s> …`` for LLaMA, nothing for GPT-2, ``[BOS] …`` for attnprobe's

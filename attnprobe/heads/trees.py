@@ -24,6 +24,7 @@ from typing import Any
 
 from attnprobe.capture.text import Text, check_inputs, check_texts
 from attnprobe.core.display import counted, describe, quoted
+from attnprobe.core.lines import split_lines
 from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
 
@@ -144,8 +145,7 @@ def _source_text(source: str | Path) -> tuple[str, str]:
 def _blocks(text: str) -> Iterable[list[tuple[int, str]]]:
     """Blank-line separated blocks of ``(line number, line)``."""
     block: list[tuple[int, str]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.rstrip("\r")
+    for number, line in enumerate(split_lines(text), start=1):
         if line.strip():
             block.append((number, line))
         elif block:
