@@ -26,7 +26,10 @@ import torch
 
 ROLES = ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions")
 WEIGHT_TOL = 1e-4
-OUTPUT_TOL = 1e-5
+OUTPUT_TOL = 1e-5  # outputs without an eager twin to measure against (output_bounds)
+IMPLEMENTATION_MULTIPLE = 4.0  # x the model's own SDPA-vs-eager output difference
+ULPS = 8  # float32 rounding allowance, in ulps of an output's scale
+EPS32 = torch.finfo(torch.float32).eps
 ROW_TOL = 1e-4
 EXTRA_SOFTMAX = "#"  # a stack name holding it: a layer's further softmax, no eager twin
 
@@ -147,7 +150,10 @@ def reference(output: Any, model_type: str, config: Any, masks: dict[str, torch.
         found[role] = list(entries)
         for i, entry in enumerate(entries):
             why = None if entry is None else _why_unusable(entry, role, masks)
-            if why is not None and "post-softmax" in why:  # scores: some models return them
+            # scores: some models return them (over their token keys; a [d, d] state of a
+            # linear-attention layer is no scores, whatever its softmax looks like)
+            if why is not None and "post-softmax" in why \
+                    and entry.shape[-1] == _side_lengths(masks, role)[1]:
                 weights = entry.float().softmax(-1)
                 if _why_unusable(weights, role, masks) is None:
                     found[role][i] = weights
@@ -177,11 +183,17 @@ def role_of(stack: str, kind: str, encoder_decoder: bool) -> str:
 
 def _crop(ref: torch.Tensor, q_valid: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
     """``[head, q, k]`` cut to real rows and keys along each axis that spans the side (an axis
-    of another length, e.g. pooled queries, is kept whole)."""
+    of another length, e.g. pooled queries, is kept whole). Keys beyond the side's tokens (a
+    model's own appended entries, e.g. DeepSeek-V4's compressed ones) follow the token keys:
+    those some real row attends to are kept, the rest stand for padding."""
     if ref.shape[-2] == q_valid.shape[0]:
         ref = ref[:, q_valid]
-    if ref.shape[-1] == k_valid.shape[0]:
+    n = k_valid.shape[0]
+    if ref.shape[-1] == n:
         ref = ref[..., k_valid]
+    elif ref.shape[-1] > n and ref.shape[-2] == int(q_valid.sum()):
+        seen = ref[..., n:].ne(0).flatten(0, 1).any(0)
+        ref = torch.cat([ref[..., :n][..., k_valid], ref[..., n:][..., seen]], dim=-1)
     return ref
 
 
@@ -375,12 +387,43 @@ def _real(name: str, t: torch.Tensor, masks: dict[str, torch.Tensor],
     return t
 
 
+def _scale(t: torch.Tensor) -> float:
+    """``max(1, max |t|)`` over the finite entries: what a relative tolerance is taken of."""
+    return max(1.0, t.abs().masked_fill(~torch.isfinite(t), 0).max().item()
+               if t.numel() else 1.0)
+
+
+def output_bounds(base: Any, eager: Any, masks: dict[str, torch.Tensor],
+                  encoder_decoder: bool) -> dict[str, float]:
+    """Per output of ``base``, how far a captured forward may be from it: the captured
+    layers run the model's eager attention and the others its default (SDPA), so a correct
+    capture moves an output by at most about the model's own SDPA-vs-eager difference on the
+    same input (``eager``: the eager twin's output, measured, not assumed). Allowed:
+    :data:`IMPLEMENTATION_MULTIPLE` times that difference, plus :data:`ULPS` float32 ulps of
+    the output's scale for rounding (a model whose two paths agree bitwise)."""
+    bounds = {}
+    eager_t = _tensors(eager)
+    for name, ref in _tensors(base).items():
+        ref = _real(name, ref.float(), masks, encoder_decoder)
+        scale = _scale(ref)
+        other = eager_t.get(name)
+        gap = 0.0
+        if other is not None and other.shape == _tensors(base)[name].shape:
+            other = _real(name, other.float(), masks, encoder_decoder)
+            finite = torch.isfinite(ref) & torch.isfinite(other)
+            gap = (other - ref).abs()[finite].max().item() if finite.any() else 0.0
+        bounds[name] = IMPLEMENTATION_MULTIPLE * gap + ULPS * EPS32 * scale
+    return bounds
+
+
 def compare_outputs(base: Any, captured: Any, masks: dict[str, torch.Tensor],
                     encoder_decoder: bool, tol: float = OUTPUT_TOL,
-                    names: Sequence[str] | None = None) -> list[Issue]:
-    """Captured forward = uncaptured forward on real positions: ``|diff| <= tol * max(1,
-    max |base|)`` per tensor (relative where activations are huge); ``names``: only these
-    outputs of ``base`` (default all)."""
+                    names: Sequence[str] | None = None,
+                    bounds: dict[str, float] | None = None) -> list[Issue]:
+    """Captured forward = uncaptured forward on real positions: ``|diff| <= bounds[name]``
+    (:func:`output_bounds`, measured) when given, else ``tol * max(1, max |base|)`` per
+    tensor (relative where activations are huge); ``names``: only these outputs of ``base``
+    (default all)."""
     issues = []
     base_t, cap_t = _tensors(base), _tensors(captured)
     if names is not None:
@@ -393,10 +436,10 @@ def compare_outputs(base: Any, captured: Any, masks: dict[str, torch.Tensor],
         ref, got = (_real(name, t.float(), masks, encoder_decoder) for t in (ref, got))
         both_nan = ref.isnan() & got.isnan()
         diff = (got - ref).abs().masked_fill(both_nan, 0).nan_to_num(nan=float("inf"))
-        scale = max(1.0, ref.abs().masked_fill(~torch.isfinite(ref), 0).max().item()
-                    if ref.numel() else 1.0)
+        scale = _scale(ref)
         worst = diff.max().item() if diff.numel() else 0.0
-        if worst > tol * scale:
+        allowed = bounds[name] if bounds is not None and name in bounds else tol * scale
+        if worst > allowed:
             issues.append(Issue("outputs", f"{name} changed under capture (scale {scale:.3g})",
                                 worst))
     return issues

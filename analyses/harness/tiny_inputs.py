@@ -56,20 +56,23 @@ def padded(lengths: tuple[int, ...], vocab: int, avoid: set[int], pad_id: int, s
     return ids, mask
 
 
-def make_inputs(model_type: str, model: torch.nn.Module, config: Any) -> Batch:
+def make_inputs(model_type: str, model: torch.nn.Module, config: Any,
+                lengths: tuple[int, ...] = LENGTHS, dec_lengths: tuple[int, ...] = DEC_LENGTHS,
+                side: str | None = None) -> Batch:
     """The padded batch for ``model`` (see module docstring); :data:`EXTRA_INPUTS` adds what
-    a family needs beyond ids and masks."""
+    a family needs beyond ids and masks. ``lengths`` / ``dec_lengths`` / ``side`` (the
+    padding side of the main input; default by the model kind) give another shape."""
     vocab, avoid = vocab_size(config), special_ids(config)
     pad = getattr(config, "pad_token_id", None)
     pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else 0
     pad = pad if 0 <= pad < vocab else 0
-    side = "left" if is_causal_lm(model_type, config) else "right"
-    ids, mask = padded(LENGTHS, vocab, avoid, pad, side, seed=1)
+    side = side or ("left" if is_causal_lm(model_type, config) else "right")
+    ids, mask = padded(lengths, vocab, avoid, pad, side, seed=1)
     inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
     masks = {"main": mask.bool()}
     params = inspect.signature(model.forward).parameters
     if getattr(config, "is_encoder_decoder", False) or "decoder_input_ids" in params:
-        dec, dec_mask = padded(DEC_LENGTHS, vocab, avoid, pad, "right", seed=2)
+        dec, dec_mask = padded(dec_lengths, vocab, avoid, pad, "right", seed=2)
         inputs.update(decoder_input_ids=dec, decoder_attention_mask=dec_mask)
         masks["decoder"] = dec_mask.bool()
     extra = EXTRA_INPUTS.get(model_type)

@@ -48,8 +48,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
     "esm": {"pad_token_id": 0, "mask_token_id": 2},
-    "funnel": {"architectures": ["FunnelModel"],
-               "block_sizes": [1, 1, 1]},  # three blocks (two poolings) of one layer each
+    # the default blocks (4, 4, 4) of the released checkpoints: layers repeat their index
+    # within a block, and the queries are pooled between blocks
+    "funnel": {"architectures": ["FunnelModel"]},
     # sizes that must add up
     "bros": {"hidden_size": 64},  # box sinusoids of hidden / 4 / 8 dims, in pairs
     "dots3_note_text": {"num_key_value_heads": 4, "head_dim": 16},  # sliding: nope + rope

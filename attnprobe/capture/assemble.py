@@ -9,12 +9,13 @@ read the same stacked tensors (the maps are views of them), so asking for both c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from attnprobe.capture.calls import BatchPatterns, ForwardCall, Side
+from attnprobe.capture.extra_keys import ExtraKeys, extra_key_view
 from attnprobe.capture.sites import Site
 from attnprobe.core.divergence import row_sum_tolerance
 from attnprobe.errors import InputError
@@ -112,15 +113,31 @@ def _tokens(call: ForwardCall, side: Side, b: int, valid: torch.Tensor, are_toke
     return (tokens_of(real) if tokens_of else [str(i) for i in found]), found
 
 
+def _appended_keys(call: ForwardCall, site: Site, b: int, pattern: torch.Tensor,
+                   q_valid: torch.Tensor, extra: Mapping[str, ExtraKeys]
+                   ) -> tuple[torch.Tensor, list[str]] | None:
+    """Kept keys and names of the appended entries of a layer whose keys go on after the
+    tokens (:mod:`attnprobe.capture.extra_keys`); ``None`` for any other layer."""
+    kind, mask = extra.get(site.path), call.valid.get(site.key_side)
+    if kind is None or mask is None or mask.shape[0] != pattern.shape[0] or call.continues:
+        return None
+    return extra_key_view(kind, mask[b], pattern[b], q_valid)
+
+
 def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Tensor,
                  scores: torch.Tensor | None, info: ModelInfo, tokens_of: TokensOf | None,
                  example_id: str, *, heads: tuple[int, ...], edited: bool,
-                 learned_sink: bool = False) -> AttentionMap:
+                 learned_sink: bool = False,
+                 extra: Mapping[str, ExtraKeys] | None = None) -> AttentionMap:
     """Cut example ``b`` out of ``[batch, layer, head, query, key]``, real tokens only."""
+    extra = extra or {}
     batch, _, _, q_len, k_len = pattern.shape
     q_valid, q_tokens = call.positions_of(sites[0].side, batch, q_len)
     k_valid, k_tokens = call.positions_of(sites[0].key_side, batch, k_len)
     q_valid, k_valid = q_valid[b], k_valid[b]
+    appended = _appended_keys(call, sites[0], b, pattern, q_valid, extra)
+    if appended is not None:  # token keys, then entries that are no tokens
+        k_valid, extra_names = appended
     q_cut, k_cut = _cut(q_valid), _cut(k_valid)
 
     def crop(x: torch.Tensor) -> torch.Tensor:
@@ -130,7 +147,12 @@ def _example_map(call: ForwardCall, sites: list[Site], b: int, pattern: torch.Te
         _check_padding_unseen(pattern[b][:, :, q_cut], crop(pattern), sites[0], info)
     prompt = call.prompt_lengths.get(sites[0].side)
     query_tokens, query_ids = _tokens(call, sites[0].side, b, q_valid, q_tokens, tokens_of)
-    key_tokens, key_ids = _tokens(call, sites[0].key_side, b, k_valid, k_tokens, tokens_of)
+    if appended is None:
+        key_tokens, key_ids = _tokens(call, sites[0].key_side, b, k_valid, k_tokens, tokens_of)
+    else:  # the entries have no token ids: ids only when every key is a token
+        mask = call.valid[sites[0].key_side][b]
+        key_tokens = _tokens(call, sites[0].key_side, b, mask, True, tokens_of)[0] + extra_names
+        key_ids = None
     return AttentionMap(
         pattern=crop(pattern),
         query_tokens=tuple(query_tokens),
@@ -169,13 +191,16 @@ def _check_padding_unseen(rows: torch.Tensor, real: torch.Tensor, site: Site,
 def build_maps(stacked: Sequence[Stacked], kept_heads: dict[Site, tuple[int, ...]],
                edited_sites: set[Site], info: ModelInfo, tokens_of: TokensOf | None,
                example_ids: Sequence[str] | None = None,
-               sink_sites: frozenset[Site] = frozenset()) -> list[AttentionMap]:
+               sink_sites: frozenset[Site] = frozenset(),
+               extra: Mapping[str, ExtraKeys] | None = None) -> list[AttentionMap]:
     """Per call, per example, per group: one padding-stripped AttentionMap.
 
     Examples are cut out of the stacked weights with slices when their tokens are contiguous
     (the maps are views of them). A call folded from decoding steps gives maps over the
     prompt and the tokens fed after it, with ``prompt_length`` set. Maps of ``sink_sites``
     (heads with a learned sink) have ``learned_sink`` set: their rows sum to at most 1.
+    ``extra``: the layers whose keys go on after the tokens, by module path
+    (:func:`attnprobe.capture.extra_keys.extra_keys_of`).
     """
     by_call: dict[int, list[Stacked]] = {}
     for group in stacked:
@@ -193,5 +218,6 @@ def build_maps(stacked: Sequence[Stacked], kept_heads: dict[Site, tuple[int, ...
                                          info, tokens_of, example_id,
                                          heads=kept_heads[sites[0]],
                                          edited=any(s in edited_sites for s in sites),
-                                         learned_sink=any(s in sink_sites for s in sites)))
+                                         learned_sink=any(s in sink_sites for s in sites),
+                                         extra=extra))
     return maps

@@ -25,6 +25,7 @@ from torch import nn
 from attnprobe.capture.decode_step import lean_step, plain_step_kwargs, same_as_eager
 from attnprobe.capture.recorder import Recorder, open_recorders
 from attnprobe.capture.sites import Site
+from attnprobe.capture.sparse_keys import fold_indices
 from attnprobe.core.optional import require
 from attnprobe.errors import AttentionUnavailableError, InputError
 
@@ -387,6 +388,7 @@ def attnprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
                         value: torch.Tensor, attention_mask: torch.Tensor | None, *,
                         delegate: str, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The registered attention function (``query`` ``[batch, head, q, d]``)."""
+    attention_mask = fold_indices(attention_mask, key, kwargs)  # an indexer's key picks
     takers = []
     for recorder in reversed(open_recorders()):  # innermost capture first
         base = recorder.site_of(module) if recorder.site_of is not None else None

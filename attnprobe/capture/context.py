@@ -14,6 +14,7 @@ from torch import nn
 from attnprobe.capture import discovery, hf, hooks
 from attnprobe.capture.assemble import Stacked, batch_patterns, build_maps, stack_calls
 from attnprobe.capture.calls import BatchPatterns, StopForward
+from attnprobe.capture.extra_keys import extra_keys_of
 from attnprobe.capture.flags import Flags, given_flags, parts_from_flags
 from attnprobe.capture.info import model_info
 from attnprobe.capture.parts import Part
@@ -337,10 +338,11 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
                       n_heads=recorder.n_heads, causal=_causal(model, sites),
                       dtype=_weights_dtype(recorder), tokenizer=tokenizer)
     to_tokens = (lambda ids: tokens_of(ids.tolist())) if tokens_of else None
+    extra = extra_keys_of(model, sites)
     result._stack = lambda: stack_calls(recorder.sequences(), originals=recorder.calls)
     result._build_maps = lambda groups: build_maps(
         groups, recorder.kept_heads, set(recorder.edit_changes), info, to_tokens, example_ids,
-        sink_sites=frozenset(recorder.learned_sinks))
+        sink_sites=frozenset(recorder.learned_sinks), extra=extra)
     result._kept_heads = recorder.kept_heads
     result._sink_sites = frozenset(recorder.learned_sinks)
     result.runs = pd.DataFrame(

@@ -28,8 +28,9 @@ from torch import nn
 
 from attnprobe.capture.sites import Site, layer_counts, site_for_path
 
-__all__ = ["HOWS", "How", "attention_sites", "calls_interface", "can_switch", "computes_weights",
-           "declared_causal", "hf_sites", "layer_depths", "seams_of", "site_ways"]
+__all__ = ["HOWS", "How", "attention_layers", "attention_sites", "calls_interface", "can_switch",
+           "computes_weights", "declared_causal", "hf_sites", "layer_depths", "seams_of",
+           "site_ways"]
 
 How = Literal["interface", "module"]
 HOWS: tuple[How, ...] = ("interface", "module")
@@ -113,7 +114,7 @@ def hf_sites(model: nn.Module) -> list[Site]:
 def site_ways(model: nn.Module) -> dict[Site, How]:
     """Every attention site of a transformers model and how the capture reaches it."""
     encdec = bool(getattr(model.config, "is_encoder_decoder", False))
-    return {site_for_path(path, module, encoder_decoder=encdec): how
+    return {site_for_path(path, module, encoder_decoder=encdec, root=model): how
             for path, (module, how) in attention_sites(model).items()}
 
 
@@ -147,6 +148,23 @@ def layer_depths(model: nn.Module, sites: list[Site]) -> dict[tuple[str, str], i
         if key[1] == "self" and modules < depth and count < depth:
             counts[key] = depth
     return counts
+
+
+def attention_layers(model: nn.Module, sites: list[Site]) -> tuple[int, ...]:
+    """The model layers (in any stack) that run attention: every depth of a stack whose
+    modules run several times (:func:`layer_depths`), else its sites' layers. A hybrid's
+    recurrent layers (Jamba's Mamba layers) have no site and are left out: ``(1,)`` for a
+    2-layer Jamba whose layer 0 is a Mamba layer.
+
+    Example:
+        >>> attention_layers(model, hf_sites(model))    # MiniLM: every layer attends
+        (0, 1, 2, 3, 4, 5)
+    """
+    found: set[int] = set()
+    for key, depth in layer_depths(model, sites).items():
+        own = {site.layer for site in sites if (site.stack, site.kind) == key}
+        found |= set(range(depth)) if depth > max(own) + 1 else own
+    return tuple(sorted(found))
 
 
 def declared_causal(model: nn.Module) -> bool | None:

@@ -25,7 +25,7 @@ from typing import Any
 from torch import nn
 
 from attnprobe.capture.attend import attnprobe_attention
-from attnprobe.capture.discovery import can_switch, layer_depths, site_ways
+from attnprobe.capture.discovery import attention_layers, can_switch, layer_depths, site_ways
 from attnprobe.capture.module_seam import module_seam
 from attnprobe.capture.recorder import Recorder
 from attnprobe.capture.sites import Site
@@ -151,6 +151,9 @@ def hf_seam(model: nn.Module, recorder: Recorder) -> Iterator[list[Site]]:
             "computes a softmax over keys (a state-space or linear-recurrence model?)")
     sites = list(ways)
     recorder.check_layers(layer_depths(model, sites))
+    # raises when the scope names a layer without attention (a hybrid's Mamba layer), which
+    # would otherwise record nothing and say nothing
+    recorder.scope.within(attention_layers(model, sites), name=type(model).__name__)
     recorder.found_sites = True
     interface = [site for site, how in ways.items() if how == "interface"]
     if interface and not can_switch(model):

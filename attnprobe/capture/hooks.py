@@ -64,7 +64,8 @@ def path_sites(model: nn.Module, paths: Sequence[str]) -> list[Site]:
             module = model.get_submodule(path)
         except AttributeError:
             raise InputError(f"no module at path {path!r} in {type(model).__name__}") from None
-        site = site_for_path(path, module, encoder_decoder=encdec, fallback_layer=i)
+        site = site_for_path(path, module, encoder_decoder=encdec, fallback_layer=i,
+                             root=model)
         sites.append(site)
     return sites
 

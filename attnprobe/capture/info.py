@@ -24,9 +24,21 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def _read(config: object, name: str) -> object:
+    """``config.name``; on a heterogeneous transformers config (``per_layer_config``, e.g.
+    dots3's sliding layers with their own head count) the global read of a per-layer
+    attribute raises, so the largest value over the layers is returned: the widest layer
+    bounds every head index a scope may name."""
+    if getattr(config, "is_heterogeneous", False) is True:
+        values = [getattr(layer, name, None) for layer in config.per_layer_config]
+        ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        return max(ints, default=None)
+    return getattr(config, name, None)
+
+
 def _first(config: object, *names: str, default: int = 0) -> int:
     for name in names:
-        value = getattr(config, name, None)
+        value = _read(config, name)
         if isinstance(value, int):
             return value
     return default
@@ -111,7 +123,9 @@ def attention_sizes(model: nn.Module) -> tuple[int, int]:
 
 
 def model_scope(model: nn.Module, scope: ScopeLike) -> Scope:
-    """``scope`` parsed and checked against the model's layers and heads (one-line error).
+    """``scope`` parsed and checked against the model's layers and heads (one-line error),
+    kept to the layers that run attention (:meth:`Scope.within`: a hybrid's recurrent
+    layers are left out of ``all`` and refused when named).
 
     Example:
         >>> model_scope(lm, "L1H3")
@@ -119,6 +133,15 @@ def model_scope(model: nn.Module, scope: ScopeLike) -> Scope:
         >>> model_scope(lm, "layer:5")                  # lm has 2 layers
         Traceback (most recent call last):
         attnprobe.errors.InputError: ...
+
+    On a hybrid (Jamba: layer 0 is a Mamba layer) ``"all"`` gives ``Scope('layer:1')``
+    and ``"layer:0"`` is refused.
     """
     n_layers, n_heads = attention_sizes(model)
-    return Scope.parse(scope).validate(n_layers, n_heads, name=type(model).__name__)
+    name = type(model).__name__
+    scope = Scope.parse(scope).validate(n_layers, n_heads, name=name)
+    if not hf.is_hf_model(model):
+        return scope
+    layers = discovery.attention_layers(model, discovery.hf_sites(model))
+    # a hybrid's recurrent layers run no attention: "all" means its attention layers
+    return scope.within(layers, name=name) if len(layers) < n_layers else scope

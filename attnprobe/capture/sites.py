@@ -9,6 +9,7 @@ from typing import Literal
 from torch import nn
 
 _INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+_NESTED = re.compile(r"(\d+)\.(\d+)(?:\.|$)")
 _CROSS_NAMES = (
     "crossattention", "cross_attn", "cross_attention", "encoder_attn", "encdecattention",
 )
@@ -56,19 +57,40 @@ class Site:
         return "main" if self.kind == "cross" else self.side
 
 
+def _nested_layer(root: nn.Module | None, stack: str, path: str) -> int | None:
+    """The model layer of ``stack.<block>.<i>...`` when the stack is a list of layer lists
+    (Funnel's ``encoder.blocks``: blocks of several layers, pooled in between): the layers
+    of the earlier blocks plus ``i``; ``None`` for a flat stack."""
+    found = _NESTED.match(path[len(stack):].lstrip(".")) if stack else None
+    if root is None or found is None:
+        return None
+    try:
+        blocks = root.get_submodule(stack)
+    except AttributeError:
+        return None
+    if not isinstance(blocks, nn.ModuleList) or not all(
+            isinstance(block, nn.ModuleList) for block in blocks):
+        return None
+    block, index = int(found.group(1)), int(found.group(2))
+    return sum(len(blocks[b]) for b in range(block)) + index
+
+
 def site_for_path(path: str, module: nn.Module | None = None, *, encoder_decoder: bool = False,
-                  fallback_layer: int = 0) -> Site:
+                  fallback_layer: int = 0, root: nn.Module | None = None) -> Site:
     """Derive the site of an attention module (or hook point) from its path.
 
     The layer is the module's ``layer_idx`` when it has one (a negative one, which some
     models give a module outside the layer list, does not count), else the first integer in
-    the path; the stack is the path up to that integer.
+    the path — counted across blocks when that integer indexes a list of layer lists of
+    ``root`` (the model the path is in); the stack is the path up to that integer.
     """
     match = _INDEX.search(path)
     stack = path[: match.start(1)].rstrip(".") if match else ""
     layer = getattr(module, "layer_idx", None)
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        layer = int(match.group(1)) if match else fallback_layer
+        nested = _nested_layer(root, stack, path) if match else None
+        layer = nested if nested is not None else (
+            int(match.group(1)) if match else fallback_layer)
     lowered = path.lower().replace("_", "")
     cross = bool(getattr(module, "is_cross_attention", False)) or any(
         name.replace("_", "") in lowered for name in _CROSS_NAMES)

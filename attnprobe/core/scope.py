@@ -298,6 +298,31 @@ class Scope:
                                  f"{size} {what}s (0..{size - 1})")
         return self
 
+    def within(self, layers: Sequence[int], *, name: str = "the model") -> Scope:
+        """The scope on ``layers`` only (the layers that run attention; a hybrid's recurrent
+        layers run none): a term over every layer (``all``, ``*.5``) becomes one term per
+        layer of ``layers``; a term naming another layer raises InputError.
+
+        Example:
+            >>> Scope.parse("*.2").within([1, 3])
+            Scope('heads:1.2,3.2')
+            >>> Scope.parse("layer:0").within([1, 3], name="JambaModel")
+            Traceback (most recent call last):
+            attnprobe.errors.InputError: scope layer:0: layer 0 of JambaModel runs no ...
+        """
+        allowed = sorted(set(layers))
+        bad = sorted({layer for layer, _ in self.terms
+                      if layer is not None and layer not in allowed})
+        if bad:
+            plural = "s" if len(bad) > 1 else ""
+            raise InputError(f"scope {self}: layer{plural} {_ranges(bad)} of {name} run"
+                             f"{'' if plural else 's'} no attention (a recurrent or "
+                             f"state-space layer); its attention layers are {_ranges(allowed)}")
+        if not allowed:
+            return self
+        return Scope(terms=[(lay, head) for layer, head in self.terms
+                            for lay in ((layer,) if layer is not None else allowed)])
+
     # ------------------------------------------------------------------ identity
     def __str__(self) -> str:
         if self.is_all:

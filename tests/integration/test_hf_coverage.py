@@ -220,6 +220,24 @@ def test_outputs_compare_on_real_positions_relative_to_their_scale():
     assert [i.detail.split(" ")[0] for i in issues] == ["last_hidden_state", "huge"]
 
 
+def test_output_bound_is_the_measured_sdpa_eager_gap_times_four_plus_ulps():
+    mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)
+    base = {"h": torch.tensor([[[1.0], [2.0], [50.0]]])}  # position 2 is padding
+    eager = {"h": torch.tensor([[[1.0], [2.001], [0.0]]])}  # the model's own gap: 1e-3
+    bound = ac.output_bounds(base, eager, {"main": mask}, False)["h"]
+    eps = torch.finfo(torch.float32).eps
+    gap = (torch.tensor(2.001) - torch.tensor(2.0)).item()
+    assert bound == pytest.approx(ac.IMPLEMENTATION_MULTIPLE * gap + ac.ULPS * eps * 2.0)
+    bounds = {"h": bound}
+    inside = {"h": torch.tensor([[[1.0], [2.0 + 0.9 * bound], [7.0]]])}
+    outside = {"h": torch.tensor([[[1.0], [2.0 + 1.1 * bound], [50.0]]])}
+    assert ac.compare_outputs(base, inside, {"main": mask}, False, bounds=bounds) == []
+    assert len(ac.compare_outputs(base, outside, {"main": mask}, False, bounds=bounds)) == 1
+    # a model whose two paths agree bitwise is allowed rounding only
+    same = ac.output_bounds(base, base, {"main": mask}, False)["h"]
+    assert same == pytest.approx(ac.ULPS * eps * 2.0)
+
+
 # ---------------------------------------------------------------- tiny configs
 @pytest.mark.parametrize("model_type", ["gemma2", "qwen3_next", "deepseek_v32", "lfm3",
                                         "smollm3", "gpt_neo"])
