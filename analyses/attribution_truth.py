@@ -22,7 +22,7 @@ Tables:
   precision@k (k = number of decisive tokens), share of importance mass on them, AUROC — mean
   ± std over examples that have at least one decisive and one other token (for ``contains``
   that is the positives only: a negative has no decisive token, see the keytoken docstring).
-- ``jain_wallace``: methods §5.1 Table 2 for these models — per instance Kendall τ between the
+- ``jain_wallace``: Jain & Wallace 2019, Table 2 for these models — per instance Kendall τ between the
   attention and the gradient (input × gradient, J&W's ``XxE[X]``) and between the attention and
   leave-one-out, plus gradient vs leave-one-out; mean ± std over instances and the fraction
   with p ≤ 0.05, over all explained examples; ``jain_wallace_by_class`` adds the same per
@@ -40,7 +40,7 @@ irrelevant tokens are ordered — τ can be modest while every source finds the 
 
 Differences from J&W: their gradient is taken with the attention *detached* (gradient flows
 through the encoder only) and summed over outputs; here it flows through the attention too.
-Their reference numbers (methods §5.1, real data): BiLSTM τ_g 0.07–0.47 across datasets (SST
+Their reference numbers (Jain & Wallace 2019, real data): BiLSTM τ_g 0.07–0.47 across datasets (SST
 0.34 ± 0.21), "average" encoder much higher (SST 0.61 ± 0.20, IMDB 0.67 ± 0.05); gradient and
 LOO agree more with each other than either with attention.
 

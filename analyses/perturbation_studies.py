@@ -1,6 +1,6 @@
 """Perturbation studies: how much does the output care when the attention is changed?
 
-What the seeds claim (methods §2.3, §4, §5.2–5.3, §6, §7):
+What the papers claim:
 
 - Jain & Wallace (§5.2–5.3): attention can be perturbed heavily without changing the output —
   randomly permuting a BiLSTM classifier's attention changes many predictions very little,
@@ -114,6 +114,7 @@ from harness.runs import analysis_main
 from torch import nn
 
 from attnprobe.attribution.targets import Target
+from attnprobe.core.lines import split_lines
 from attnprobe.errors import EditNotAppliedError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -291,7 +292,8 @@ def load_minilm(cfg: Config) -> Subject:
     import attnprobe
 
     model, tok = attnprobe.load_model(cfg.minilm)
-    lines = [s for s in (DATA / "census_sentences.txt").read_text().splitlines() if s.strip()]
+    corpus = (DATA / "census_sentences.txt").read_text(encoding="utf-8")
+    lines = [s for s in split_lines(corpus) if s.strip()]
     n = cfg.n_sentences
     needed = 2 * n + cfg.n_permuted_sentences
     if len(lines) < needed:
@@ -303,7 +305,7 @@ def load_minilm(cfg: Config) -> Subject:
 
 def permuted_texts(cfg: Config, subject: Subject) -> list[str]:
     if subject.kind == "embedding":
-        lines = (DATA / "census_sentences.txt").read_text().splitlines()
+        lines = split_lines((DATA / "census_sentences.txt").read_text(encoding="utf-8"))
         start = 2 * cfg.n_sentences
         return lines[start:start + cfg.n_permuted_sentences]
     return subject.texts[:cfg.n_permuted]

@@ -28,7 +28,9 @@ strict build passes while they wait for the docstring pass), and an entry that n
 matches is a warning, so the list only shrinks.
 
 Links in the README are relative to the repository (``analyses/tour.ipynb``), where the site
-has no page, so an included span shows such a link as its text (the path). A Pygments
+has no page, so an included span shows such a link as its text (the path); a link to a page
+under ``docs/`` (``docs/guide/causal-methods.md#activation-patching``) stays a link, made
+relative to the page that includes the span. A Pygments
 stylesheet for the code blocks is written into the site (no CDN), and a built page with an
 element that loads from another host (``<script src="https://...">``, a CDN font ...) is a
 warning: the site works offline. Plain links to other sites (the theme's footer) are fine.
@@ -37,6 +39,7 @@ warning: the site works offline. Plain links to other sites (the theme's footer)
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
@@ -122,13 +125,22 @@ def unmarked_sections(text: str) -> list[str]:
     return outside
 
 
-def unlink_paths(span: str) -> str:
-    """The span with repository-relative links shown as their text (fenced code untouched)."""
+def unlink_paths(span: str, page: str = "index.md") -> str:
+    """The span with repository-relative links shown as their text, except links to pages
+    under ``docs/``, made relative to ``page`` (its path under ``docs/``); fenced code is
+    untouched."""
+    def link(found: re.Match) -> str:
+        text, target = found.groups()
+        if not target.startswith("docs/"):
+            return text
+        here = posixpath.dirname(page) or "."
+        return f"[{text}]({posixpath.relpath(target[len('docs/'):], here)})"
+
     lines, fenced = [], False
     for line in span.splitlines():
         if FENCE.match(line):
             fenced = not fenced
-        lines.append(line if fenced else RELATIVE_LINK.sub(r"\1", line))
+        lines.append(line if fenced else RELATIVE_LINK.sub(link, line))
     return "\n".join(lines) + "\n"
 
 
@@ -159,7 +171,7 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         name, optional = found.group(1), bool(found.group(2))
         _included.add(name)
         if name in _spans:
-            out.append(unlink_paths(_spans[name]))
+            out.append(unlink_paths(_spans[name], page.file.src_uri))
         elif optional:
             out.append(f"!!! note\n    The README has no `{name}` section yet; this page will "
                        "include it once the README marks it.\n")

@@ -159,7 +159,7 @@ def logit_attribution(model, tok, inputs: CausalInputs, induction: Sequence[Head
     """Each head's direct part of the correct next-token logit at the copy steps, and the
     induction heads' share of the heads' total (by absolute value)."""
     dla = ap.heads.logit_attribution(model, tok, inputs.clean, METRIC,
-                                     positions=inputs.positions,
+                                     metric_positions=inputs.positions,
                                      batch_size=len(inputs.clean))
     heads = _long_heads(dla.by_head())
     heads["induction_head"] = [(int(r.layer), int(r.head)) in set(induction)

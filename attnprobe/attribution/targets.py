@@ -13,7 +13,8 @@ spec                the scalar
                     position. The token is chosen once, on the unperturbed input
                     (:meth:`Target.fixed`), and then held: the fixed target's spec names it,
                     e.g. ``next-token:464``
-``next-token:ID``   the logit of token ``ID`` at the last real position
+``next-token:T``    the logit of token ``T`` at the last real position (an id, or a name
+                    read mid-sentence as :mod:`attnprobe.core.metric_tokens` reads it)
 ``similarity:TEXT`` embedding model: cosine similarity between the attention-masked mean of
                     the last hidden state and that of ``TEXT`` (computed once, no gradient)
 ==================  ========================================================================
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture.text import encode, model_inputs
+from attnprobe.core.metric_tokens import resolve_token
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 
@@ -328,8 +330,9 @@ def _next_token(argument: str, model: nn.Module, tokenizer: Any) -> Target:
     _no_logits_check(model, "next-token")
     vocab = _vocab_size(model, tokenizer)
     if argument.strip():
-        return _next_token_target(_integer(argument, f"next-token:{argument}",
-                                           "next-token:464"), vocab)
+        # a name is read as the metric vocabulary reads it: mid-sentence, one token
+        return _next_token_target(resolve_token(argument, tokenizer,
+                                                f"next-token:{argument.strip()}").id, vocab)
 
     def choose(output: Any, inputs: Inputs) -> Target:
         top = _next_token_logits(output, inputs, "next-token").argmax(-1)  # [batch]

@@ -54,8 +54,10 @@ composition of their heads over the random baseline (from the weights); --no-log
 and --no-composition leave them out. With --corrupt-file (one corrupted text per text, each of
 the same token length) the page adds a patching experiment (--patch: heads, path or
 attribution; options as for `attnprobe patch`) on the first --causal-texts pairs, measuring
---metric (default logit:next) at --metric-positions (default last). It needs no network: open
-it from disk.
+--metric (default logit:next: the clean text's next token, read in every run) at
+--metric-positions (default: every position with a next token for logit:next and loss, the
+last for other metrics). Texts of one token have no next token: the causal sections leave
+them out and say so. It needs no network: open it from disk.
 """
 
 
@@ -122,7 +124,7 @@ def _patching(args: argparse.Namespace) -> dict[str, Any]:
         "pass --corrupt-file FILE (one corrupted text a line)")
     return {"corrupt": corrupt, "patch": experiment, "patch_options": given,
             "metric": args.metric or "logit:next",
-            "metric_positions": args.metric_positions or "last"}
+            "metric_positions": args.metric_positions}  # None: the metric's default
 
 
 def _from_maps(args: argparse.Namespace, out: Path) -> int:
@@ -188,8 +190,8 @@ def register(sub: Any) -> None:
                              "logit:next)")
     causal.add_argument("--metric-positions", type=positions_type("--metric-positions"),
                         metavar="WHERE",
-                        help="where --metric reads: last (default), all, or positions such "
-                             "as 0,3,-1")
+                        help="where --metric reads: last, all, or positions such as 0,3,-1 "
+                             "(default: all for logit:next and loss, last for the others)")
     option_args(causal, _patch_options())
     parser.add_argument("--maps", help="build from maps saved by `attnprobe extract --out "
                                        "maps.npz` instead of running a model")

@@ -10,7 +10,7 @@ spec                   the number (per example; a mean over the chosen ``positio
 ``next-token``         the logit of the model's own top next token at the last real
                        position, chosen once on a reference run (:meth:`Metric.fixed`; its
                        spec then names it: ``next-token:464``)
-``logit:T``            the logit of token ``T`` (a token string or an id)
+``logit:T``            the logit of token ``T`` (a word, a vocabulary string or an id)
 ``prob:T``             its probability (softmax over the vocabulary)
 ``logprob:T``          its log-probability
 ``logit_diff:A,B``     ``logit(A) - logit(B)``: the metric Heimersheim & Nanda recommend
@@ -18,15 +18,30 @@ spec                   the number (per example; a mean over the chosen ``positio
 ``loss``               the next-token cross-entropy of the input's own next token
 ``logit:next``         the logit of the input's own next token (``prob:next``,
                        ``logprob:next`` alike); needs a position whose next token is real
-callable               ``(output, batch) -> Tensor[batch]``, recorded as ``custom``
+callable               ``(output, batch) -> Tensor[batch]``, recorded as ``custom``; a
+                       callable of one argument (TransformerLens' ``lambda logits: ...``)
+                       gets the logits ``[batch, seq, vocab]``
 =====================  =====================================================================
 
-Tokens in a spec are token strings (one token each, through the tokenizer) or ids; from
-Python, ``logit_diff`` also takes one ``(A, B)`` pair per example
-(:func:`parse_metric`'s ``pairs``). **Positions** (``positions=``): ``"last"`` (the default:
-each example's last real token, the next-token prediction), ``"all"`` (every real position;
-for ``:next`` metrics and ``loss`` every position whose next token is real), one list of
-positions for every example, one list per example, or a ``[batch, seq]`` bool mask.
+**Tokens** (:mod:`attnprobe.core.metric_tokens`): the text after the colon is split on
+commas, each name stripped, and read as the model reads it mid-sentence: on byte-level BPE
+(GPT-2, Qwen2) ``logit_diff: Paris, Rome`` reads ``ĠParis`` and ``ĠRome``, on SentencePiece
+(LLaMA) ``▁Paris`` and ``▁Rome``, on WordPiece ``paris`` and ``rome``. A name that is several
+tokens is an error naming its pieces; an exact vocabulary string (``Ġc``) or an id (``464``)
+names its token. The spec the tables record shows the resolved vocabulary strings
+(``logit_diff:ĠParis,ĠRome``) and :attr:`Metric.tokens` their ids. From Python,
+``logit_diff`` also takes one ``(A, B)`` pair per example (:func:`parse_metric`'s ``pairs``).
+
+**Positions** (``positions=``): ``"last"`` (the default: each example's last real token, the
+next-token prediction), ``"all"`` (every real position; for ``:next`` metrics and ``loss``
+every position whose next token is real), one list of positions for every example, one list
+per example, or a ``[batch, seq]`` bool mask; :func:`default_positions` is ``all`` for the
+metrics that read the input's next token, ``last`` for the others.
+
+**Across runs** (patching): a metric that reads the input's own next token (``:next``,
+``loss``) is fixed on the reference run (:meth:`Metric.fixed`), so every run reads the
+reference input's next tokens — the clean answer, not each run's own (``logit:next(clean)``
+in a patching table, :meth:`Metric.named_for`).
 
 Metrics that are linear in the logits (``next-token``, ``logit``, ``logit_diff``) expose
 :meth:`Metric.logit_terms`: the logits they sum, with their coefficients, so that a direct
@@ -41,26 +56,23 @@ from typing import Any
 
 import torch
 
+from attnprobe.core.metric_callables import metric_function
+from attnprobe.core.metric_reading import (
+    LogitTerms,
+    TokenRead,
+    join_terms,
+    logits_of,
+    sized_read,
+)
+from attnprobe.core.metric_tokens import Resolved, resolve_token, token_id
 from attnprobe.core.positions import Batch, Positions, batch_rows, positions_mask
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 
-__all__ = ["METRIC_KINDS", "LogitTerms", "Metric", "Positions", "parse_metric",
-           "positions_mask", "token_id"]
+__all__ = ["METRIC_KINDS", "LogitTerms", "Metric", "Positions", "default_positions",
+           "parse_metric", "positions_mask", "reads_next_token", "token_id"]
 
 MetricFn = Callable[[Any, Batch], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class LogitTerms:
-    """A linear metric as a sum of logits: example ``b`` scores
-    ``Σ_i coeff[i] · logit[b, position[i], token[i]]`` over the entries with ``example == b``.
-    Shapes: every field ``[n_terms]``."""
-
-    example: torch.Tensor
-    position: torch.Tensor
-    token: torch.Tensor
-    coeff: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,12 +88,17 @@ class Metric:
         terms: for metrics linear in the logits, ``batch -> LogitTerms``.
         choose: for metrics fixed on a reference run first (``next-token``):
             ``(output, batch) -> Metric``.
+        anchor: for metrics that read the input's own next token (``:next``, ``loss``):
+            ``batch -> Metric`` reading that reference batch's next tokens in any run.
+        tokens: the tokens the spec names, resolved (vocabulary string and id).
     """
 
     spec: str
     fn: MetricFn | None = field(default=None, repr=False)
     terms: Callable[[Batch], LogitTerms] | None = field(default=None, repr=False)
     choose: Callable[[Any, Batch], Metric] | None = field(default=None, repr=False)
+    anchor: Callable[[Batch], Metric] | None = field(default=None, repr=False)
+    tokens: tuple[Resolved, ...] = field(default=(), repr=False)
 
     @property
     def ready(self) -> bool:
@@ -93,12 +110,25 @@ class Metric:
         """Whether the metric is a sum of logits (:meth:`logit_terms`)."""
         return self.terms is not None or self.choose is not None
 
+    @property
+    def token_ids(self) -> dict[str, int]:
+        """``{token as the spec shows it: id}`` of the tokens the spec names."""
+        return {t.shown: t.id for t in self.tokens}
+
     def fixed(self, output: Any, batch: Batch) -> Metric:
-        """The metric held fixed on this reference run (``next-token`` picks its tokens)."""
+        """The metric held fixed on this reference run: ``next-token`` picks its tokens, the
+        metrics that read the input's next token read this batch's in every run after."""
+        if self.anchor is not None:
+            return self.anchor(batch)
         if self.choose is None:
             return self
         with torch.no_grad():
             return self.choose(output, batch)
+
+    def named_for(self, reference: str) -> str:
+        """The spec as a table of several runs fixed on the ``reference`` run writes it:
+        ``logit:next(clean)`` for a metric that reads that run's next tokens."""
+        return f"{self.spec}({reference})" if self.anchor is not None else self.spec
 
     def __call__(self, output: Any, batch: Batch) -> torch.Tensor:
         """The metric of each example, ``[batch]``."""
@@ -126,168 +156,60 @@ class Metric:
         return f"Metric({self.spec!r})"
 
 
-# ---------------------------------------------------------------------------- reading outputs
-def _logits(output: Any, spec: str) -> torch.Tensor:
-    """Language-model logits ``[batch, seq, vocab]`` of an output."""
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, torch.Tensor):
-        logits = output
-    if logits is None and isinstance(output, (tuple, list)) and output \
-            and isinstance(output[0], torch.Tensor):
-        logits = output[0]
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
-        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else None
-        raise InputError(f"metric {spec} needs language-model logits [batch, seq, vocab]; the "
-                         f"model gives {shape or type(output).__name__} (load it with its LM "
-                         "head, or pass a callable metric)")
-    return logits
-
-
-def token_id(token: str | int, tokenizer: Any, spec: str) -> int:
-    """The id of one token given as an id or a string (which must be one token).
-
-    Example:
-        >>> token_id("t05", lm_tok, "logit:t05") == lm_tok.get_vocab()["t05"]
-        True
-        >>> token_id("464", None, "logit:464")          # an id needs no tokenizer
-        464
-    """
-    if isinstance(token, int) and not isinstance(token, bool):
-        return token
-    text = str(token).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    if tokenizer is None:
-        raise InputError(f"metric {spec} names the token {text!r}; pass a tokenizer or an id")
-    vocab = getattr(tokenizer, "get_vocab", None)
-    found = vocab().get(text) if callable(vocab) else None
-    unknown = InputError(f"metric {spec}: {text!r} is not in the tokenizer's vocabulary; name "
-                         "one token (its string or its id)")
-    if found is None:
-        try:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"] \
-                if callable(tokenizer) else []
-        except TypeError:  # a word tokenizer without add_special_tokens: not in its vocab
-            raise unknown from None
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        if len(ids) != 1:
-            raise InputError(f"metric {spec}: {text!r} is {len(ids)} tokens, not one; name one "
-                             "token (its string or its id)")
-        found = ids[0]
-    if found == getattr(tokenizer, "unk_token_id", None) \
-            and text != getattr(tokenizer, "unk_token", None):  # read as the unknown token
-        raise unknown
-    return int(found)
-
-
-def _gather(logits: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean over the chosen positions of ``logits[b, p, tokens[b, p]]``, ``[batch]``."""
-    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [batch, seq]
-    weights = mask.to(picked.dtype)
-    return (picked * weights).sum(-1) / weights.sum(-1)
-
-
-@dataclass(frozen=True)
-class _Read:
-    """What a kind reads at each chosen position: a token per example (``ids [batch]``) or
-    the input's next token (``ids None``), turned into a number by ``how``."""
-
-    spec: str
-    ids: torch.Tensor | None
-    positions: Positions
-    how: str  # "logit" | "prob" | "logprob"
-
-    def tokens(self, batch: Batch) -> torch.Tensor:
-        """``[batch, seq]``: the token read at each position."""
-        input_ids = batch["input_ids"]
-        if self.ids is None:
-            nxt = torch.zeros_like(input_ids)
-            nxt[:, :-1] = input_ids[:, 1:]
-            return nxt
-        return self.ids.to(input_ids.device)[:, None].expand_as(input_ids)
-
-    def mask(self, batch: Batch) -> torch.Tensor:
-        return positions_mask(self.positions, batch, needs_next=self.ids is None)
-
-    def __call__(self, output: Any, batch: Batch) -> torch.Tensor:
-        logits = _logits(output, self.spec).float()
-        _check_vocab(self.ids, logits.shape[-1], self.spec)
-        if self.how == "prob":
-            logits = logits.softmax(-1)
-        elif self.how == "logprob":
-            logits = logits.log_softmax(-1)
-        mask = self.mask(batch).to(logits.device)
-        return _gather(logits, mask, self.tokens(batch).to(logits.device))
-
-    def terms(self, batch: Batch, sign: float = 1.0) -> LogitTerms:
-        mask = self.mask(batch)
-        example, position = mask.nonzero(as_tuple=True)
-        per = mask.sum(-1).to(torch.float32)
-        tokens = self.tokens(batch)[example, position]
-        return LogitTerms(example, position, tokens, sign / per[example])
-
-
-def _check_vocab(ids: torch.Tensor | None, vocab: int, spec: str) -> None:
-    if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
-        raise InputError(f"metric {spec}: token id {int(ids.max())} is outside the model's "
-                         f"{vocab} logits")
-
-
-def _join(*terms: LogitTerms) -> LogitTerms:
-    return LogitTerms(*(torch.cat([getattr(t, name) for t in terms])
-                        for name in ("example", "position", "token", "coeff")))
-
-
 # ---------------------------------------------------------------------------- kinds
 Builder = Callable[[str, Any, Positions, int | None], Metric]
 METRIC_KINDS: Registry[Builder] = Registry("metric kind")
 
 
-def _ids(token: str, tokenizer: Any, spec: str, n: int | None) -> torch.Tensor | None:
-    """The token read by a kind: ``None`` for ``next``, else one id for every example."""
-    if token.strip() == "next":
-        return None
+def _resolved(token: str, tokenizer: Any, spec: str) -> Resolved:
+    """The one token a kind reads (:mod:`attnprobe.core.metric_tokens`)."""
     if not token.strip():
         raise InputError(f"metric {spec} needs a token, e.g. '{spec.split(':')[0]}:Paris'")
-    return torch.full((n or 1,), token_id(token, tokenizer, spec), dtype=torch.long)
+    return resolve_token(token, tokenizer, spec)
+
+
+def _ids(found: Resolved, n: int | None) -> torch.Tensor:
+    """``[n or 1]``: the token's id once per example."""
+    return torch.full((n or 1,), found.id, dtype=torch.long)
 
 
 def _reading(how: str) -> Builder:
     def build(argument: str, tokenizer: Any, positions: Positions, n: int | None) -> Metric:
-        spec = f"{how}:{argument.strip()}"
-        read = _Read(spec, _ids(argument, tokenizer, spec, n), positions, how)
-        fn = _broadcast(read)
-        return Metric(spec, fn, _broadcast_terms(read) if how == "logit" else None)
+        if argument.strip() == "next":
+            spec = f"{how}:next"
+            return _held_reading(TokenRead(spec, None, positions, how))
+        found = _resolved(argument, tokenizer, f"{how}:{argument.strip()}")
+        spec = f"{how}:{found.shown}"
+        read = TokenRead(spec, _ids(found, n), positions, how)
+        return Metric(spec, _broadcast(read),
+                      _broadcast_terms(read) if how == "logit" else None, tokens=(found,))
 
     return build
 
 
-def _broadcast(read: _Read) -> MetricFn:
+def _held_reading(read: TokenRead, anchor: bool = True) -> Metric:
+    """A metric of the input's own next token; fixed on a reference batch, that batch's."""
+    def held(batch: Batch) -> Metric:
+        return _held_reading(read.held(batch), anchor=False)
+
+    return Metric(read.spec, read, read.terms if read.how == "logit" else None,
+                  anchor=held if anchor else None)
+
+
+def _broadcast(read: TokenRead) -> MetricFn:
     """``read`` with its one token repeated over however many examples a batch has."""
 
     def fn(output: Any, batch: Batch) -> torch.Tensor:
-        return _sized(read, batch)(output, batch)
+        return sized_read(read, batch)(output, batch)
 
     return fn
 
 
-def _broadcast_terms(read: _Read, sign: float = 1.0) -> Callable[[Batch], LogitTerms]:
+def _broadcast_terms(read: TokenRead, sign: float = 1.0) -> Callable[[Batch], LogitTerms]:
     def terms(batch: Batch) -> LogitTerms:
-        return _sized(read, batch).terms(batch, sign)
+        return sized_read(read, batch).terms(batch, sign)
 
     return terms
-
-
-def _sized(read: _Read, batch: Batch) -> _Read:
-    n = int(batch["input_ids"].shape[0])
-    if read.ids is None or read.ids.shape[0] == n:
-        return read
-    if read.ids.shape[0] != 1 and not bool((read.ids == read.ids[0]).all()):
-        raise InputError(f"metric {read.spec} has {read.ids.shape[0]} tokens for a batch of "
-                         f"{n} examples")
-    return _Read(read.spec, read.ids[:1].expand(n), read.positions, read.how)
 
 
 for _how in ("logit", "prob", "logprob"):
@@ -296,45 +218,61 @@ for _how in ("logit", "prob", "logprob"):
 
 @METRIC_KINDS.register("logit_diff")
 def _logit_diff(argument: str, tokenizer: Any, positions: Positions, n: int | None) -> Metric:
-    first, comma, second = argument.partition(",")
-    spec = f"logit_diff:{argument.strip()}"
-    if not comma or not first.strip() or not second.strip():
-        raise InputError(f"metric {spec} needs two tokens, e.g. 'logit_diff:Paris,Rome'")
-    correct = _Read(spec, _ids(first, tokenizer, spec, n), positions, "logit")
-    wrong = _Read(spec, _ids(second, tokenizer, spec, n), positions, "logit")
-    return _difference(spec, correct, wrong)
+    names = argument.split(",")
+    written = f"logit_diff:{argument.strip()}"
+    if len(names) != 2 or not all(name.strip() for name in names):
+        raise InputError(f"metric {written} needs two tokens, e.g. 'logit_diff:Paris,Rome'")
+    found = tuple(_resolved(name, tokenizer, written) for name in names)
+    spec = "logit_diff:" + ",".join(f.shown for f in found)
+    correct = TokenRead(spec, _ids(found[0], n), positions, "logit")
+    wrong = TokenRead(spec, _ids(found[1], n), positions, "logit")
+    return _difference(spec, correct, wrong, found)
 
 
-def _difference(spec: str, correct: _Read, wrong: _Read) -> Metric:
+def _difference(spec: str, correct: TokenRead, wrong: TokenRead, tokens: tuple[Resolved, ...]
+                ) -> Metric:
     def fn(output: Any, batch: Batch) -> torch.Tensor:
-        return _sized(correct, batch)(output, batch) - _sized(wrong, batch)(output, batch)
+        return sized_read(correct, batch)(output, batch) - sized_read(wrong, batch)(output, batch)
 
     def terms(batch: Batch) -> LogitTerms:
-        return _join(_sized(correct, batch).terms(batch), _sized(wrong, batch).terms(batch, -1))
+        return join_terms(sized_read(correct, batch).terms(batch),
+                          sized_read(wrong, batch).terms(batch, -1))
 
-    return Metric(spec, fn, terms)
+    return Metric(spec, fn, terms, tokens=tokens)
 
 
 @METRIC_KINDS.register("loss")
 def _loss(argument: str, tokenizer: Any, positions: Positions, n: int | None) -> Metric:
     if argument.strip():
         raise InputError("metric loss takes no argument (choose where with positions=...)")
-    read = _Read("loss", None, "all" if positions == "last" else positions, "logprob")
+    return _loss_of(TokenRead("loss", None, "all" if positions == "last" else positions,
+                          "logprob"))
 
+
+def _loss_of(read: TokenRead, anchor: bool = True) -> Metric:
+    """Minus the log-probability of the input's next tokens (of a reference batch's once
+    fixed on it)."""
     def fn(output: Any, batch: Batch) -> torch.Tensor:
         return -read(output, batch)
 
-    return Metric("loss", fn)
+    def held(batch: Batch) -> Metric:
+        return _loss_of(read.held(batch), anchor=False)
+
+    return Metric("loss", fn, anchor=held if anchor else None)
 
 
 @METRIC_KINDS.register("next-token")
 def _next_token(argument: str, tokenizer: Any, positions: Positions, n: int | None) -> Metric:
     if argument.strip():
         fixed = _reading("logit")(argument, tokenizer, positions, n)
-        return Metric(f"next-token:{argument.strip()}", fixed.fn, fixed.terms)
+        if fixed.anchor is not None:
+            raise InputError("next-token:T names one token; for the input's own next token "
+                             "give logit:next")
+        return Metric("next-token:" + fixed.spec.partition(":")[2], fixed.fn, fixed.terms,
+                      tokens=fixed.tokens)
 
     def choose(output: Any, batch: Batch) -> Metric:
-        logits = _logits(output, "next-token")
+        logits = logits_of(output, "next-token")
         mask = positions_mask(positions, batch)
         if (mask.sum(-1) != 1).any():
             raise InputError("next-token reads one position per example (positions='last' or "
@@ -342,7 +280,7 @@ def _next_token(argument: str, tokenizer: Any, positions: Positions, n: int | No
         slot = mask.long().argmax(-1)
         top = logits[torch.arange(logits.shape[0]), slot].argmax(-1)  # [batch]
         spec = "next-token:" + ",".join(str(int(t)) for t in top.unique())
-        read = _Read(spec, top.detach().cpu(), positions, "logit")
+        read = TokenRead(spec, top.detach().cpu(), positions, "logit")
         return Metric(spec, read, read.terms)
 
     return Metric("next-token", choose=choose)
@@ -355,14 +293,17 @@ def parse_metric(spec: str | Metric | MetricFn, tokenizer: Any = None, *,
 
     Args:
         spec: a spec string, a :class:`Metric` (returned as it is) or a callable
-            ``(output, batch) -> Tensor[batch]`` (spec ``custom``).
-        tokenizer: turns token strings into ids.
+            ``(output, batch) -> Tensor[batch]`` or ``(logits) -> Tensor[batch]`` (spec
+            ``custom``; :func:`~attnprobe.core.metric_callables.metric_function`).
+        tokenizer: turns token names into ids (module docstring: a name is read as the
+            model reads it mid-sentence).
         positions: where the metric reads (module docstring); default the last real token.
         pairs: for ``logit_diff``, one ``(correct, wrong)`` pair per example instead of the
             spec's one pair (``spec="logit_diff"``).
 
     Raises:
-        InputError: an unknown kind, a token that is not one token, a bad position.
+        InputError: an unknown kind, a name that is not one token (its pieces named), a
+            bad position, a callable that takes neither ``(output, batch)`` nor ``(logits)``.
 
     Example:
         >>> ids = lm_tok([prompt], return_tensors="pt")
@@ -379,7 +320,7 @@ def parse_metric(spec: str | Metric | MetricFn, tokenizer: Any = None, *,
     if isinstance(spec, Metric):
         return spec
     if callable(spec) and not isinstance(spec, str):
-        return Metric("custom", spec)
+        return Metric("custom", metric_function(spec, logits_of))
     if not isinstance(spec, str):
         raise InputError(f"metric must be a spec such as 'logit_diff:Paris,Rome', a Metric or a "
                          f"callable (output, batch) -> Tensor[batch]; got {type(spec).__name__}")
@@ -388,13 +329,43 @@ def parse_metric(spec: str | Metric | MetricFn, tokenizer: Any = None, *,
     if kind == "logit_diff" and pairs is not None:
         if argument.strip():
             raise InputError("give the logit_diff tokens in the spec or as pairs=, not both")
-        correct = [token_id(a, tokenizer, "logit_diff") for a, _ in pairs]
-        wrong = [token_id(b, tokenizer, "logit_diff") for _, b in pairs]
+        correct = [resolve_token(a, tokenizer, "logit_diff") for a, _ in pairs]
+        wrong = [resolve_token(b, tokenizer, "logit_diff") for _, b in pairs]
         name = f"logit_diff:{len(pairs)} pairs"
-        return _difference(name, _Read(name, torch.tensor(correct), positions, "logit"),
-                           _Read(name, torch.tensor(wrong), positions, "logit"))
+        return _difference(name, TokenRead(name, torch.tensor([t.id for t in correct]), positions,
+                                       "logit"),
+                           TokenRead(name, torch.tensor([t.id for t in wrong]), positions, "logit"),
+                           (*correct, *wrong))
     if kind not in METRIC_KINDS:
         raise InputError(one_of("metric kind", kind, METRIC_KINDS.names())
                          + " (e.g. 'logit_diff:Paris,Rome'), or pass a callable "
                          "(output, batch) -> Tensor[batch]")
     return METRIC_KINDS.get(kind)(argument, tokenizer, positions, None)
+
+
+def default_positions(spec: Any) -> Positions:
+    """Where a metric reads unless told: ``all`` for a spec that reads the input's own next
+    token (``logit:next``, ``prob:next``, ``logprob:next``, ``loss``; the last position has
+    none), ``last`` for every other spec and for a Metric or a callable.
+
+    Example:
+        >>> default_positions("logit:next"), default_positions("logit_diff:t05,t11")
+        ('all', 'last')
+    """
+    return "all" if reads_next_token(spec) else "last"
+
+
+def reads_next_token(spec: Any) -> bool:
+    """Whether a spec reads the input's own next token (``:next`` kinds, ``loss``): a text
+    of one token gives it nothing to read.
+
+    Example:
+        >>> reads_next_token("loss"), reads_next_token("logit:t05")
+        (True, False)
+    """
+    if not isinstance(spec, str):
+        return False
+    kind, _, argument = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    return kind == "loss" or (kind in ("logit", "prob", "logprob")
+                              and argument.strip() == "next")

@@ -1,8 +1,9 @@
 """Direct logit attribution per head: how much each head writes straight into a metric.
 
-Follows the definition of the methods guide (§16, "Direct logit attribution"; Elhage et al.
-2021; TransformerLens ``decompose_resid``, ``stack_head_results``, ``apply_ln_to_stack``). In
-a pre-norm model the final residual is a sum of components,
+Follows the definition in
+[causal methods](../guide/causal-methods.md#direct-logit-attribution) (Elhage et al. 2021;
+TransformerLens ``decompose_resid``, ``stack_head_results``, ``apply_ln_to_stack``). In a
+pre-norm model the final residual is a sum of components,
 
 ``resid = embed + Σ_layers (Σ_heads z_h @ W_O[h] + b_O + mlp)``,
 
@@ -11,7 +12,9 @@ at the value the run computed on the full residual (LayerNorm: centre each compo
 divide by the run's σ; RMSNorm: divide by the run's RMS; then multiply by the norm's weight),
 each component ``c`` contributes ``(C(c) / s ⊙ w) · W_U[:, t]`` to the logit of token ``t``,
 and the norm's bias (``b · W_U[:, t]``) and the unembedding's bias (``b_U[t]``) are rows of
-their own, so **the components sum to the logit exactly**.
+their own, so **the components sum to the logit exactly**. A head's value bias ``b_V[h] @
+W_O[h]`` counts in the head (``value_bias="head"``, the default) or in the layer's
+``attn_bias`` row (``"output"``, TransformerLens' default; :data:`VALUE_BIASES`).
 
 The metric must be linear in the logits (:meth:`attnprobe.core.metric.Metric.logit_terms`:
 ``logit:T``, ``logit_diff:A,B``, ``next-token``, ``logit:next``); each row's ``value`` carries
@@ -52,12 +55,23 @@ from attnprobe.capture.text import (
 from attnprobe.core import html_view
 from attnprobe.core.display import counted, describe, grid
 from attnprobe.core.distributed import run_sharded
-from attnprobe.core.metric import Metric, Positions, parse_metric, positions_mask
+from attnprobe.core.metric import Metric, Positions, positions_mask
+from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
+from attnprobe.heads.logit_inputs import (
+    DEFAULT_POSITIONS,
+    MetricRequest,
+    Pair,
+    check_eval,
+    metric_request,
+    renamed_positions,
+)
 from attnprobe.heads.residual_parts import (
+    VALUE_BIASES,
     Component,
     OutputWeights,
+    ValueBias,
     check_residual,
     contributions,
     recording,
@@ -87,6 +101,7 @@ class LogitAttribution:
             the metric, the ``components``' sum and their ``gap``.
         model / family: the model's name and its anatomy family.
         n_layers / n_heads: the model's grid.
+        value_bias: where each head's value bias was counted (:data:`VALUE_BIASES`).
     """
 
     table: pd.DataFrame
@@ -95,6 +110,7 @@ class LogitAttribution:
     family: str
     n_layers: int
     n_heads: int
+    value_bias: ValueBias = "head"
 
     def by_component(self) -> pd.DataFrame:
         """Each component's mean part of an example's metric (:func:`component_means`)."""
@@ -140,20 +156,18 @@ def head_means(table: pd.DataFrame, n_layers: int | None = None,
 
 
 # ----------------------------------------------------------------------------- recording
-def _check_metric(totals: pd.DataFrame, model: Anatomy, dtype: torch.dtype,
-                  training: bool) -> None:
+def _check_metric(totals: pd.DataFrame, model: Anatomy, dtype: torch.dtype) -> None:
     """The components of every example sum to the metric the model's logits give."""
     scale = np.maximum(totals["size"].to_numpy(), totals["value"].abs().to_numpy())
     relative = totals["gap"].abs().to_numpy() / np.maximum(scale, 1e-12)
     worst = int(np.argmax(relative)) if len(relative) else 0
     if len(relative) and relative[worst] > tolerance(dtype):
         row = totals.iloc[worst]
-        hint = " (the model is in training mode: call model.eval())" if training else ""
         raise DecompositionError(
             f"example {row['example_id']}: the components sum to {row['components']:.6g} but "
             f"the model's {row['metric']} is {row['value']:.6g} (gap {row['gap']:.3g}, "
             f"{relative[worst]:.2g} relative > {tolerance(dtype):g}); the {model.family} "
-            f"adapter does not see everything this model computes{hint}")
+            f"adapter does not see everything this model computes")
 
 
 # ----------------------------------------------------------------------------- one batch
@@ -171,26 +185,6 @@ def _kept(metric: Metric, positions: Positions | None,
     return batch["attention_mask"].bool()
 
 
-def _batch_positions(positions: Positions, rows: list[int], width: int) -> Positions:
-    """The part of corpus-wide ``positions`` for the texts ``rows`` of one batch padded to
-    ``width``: a ``[text, seq]`` mask's rows (cut or padded to ``width``), one list per
-    text's lists; a string or one list for every text stays as it is."""
-    if isinstance(positions, torch.Tensor) and positions.dtype == torch.bool:
-        if positions.ndim != 2:
-            raise InputError(f"a positions mask must be [text, seq]; got "
-                             f"{list(positions.shape)}")
-        mask = positions[rows]
-        if mask.shape[1] > width and bool(mask[:, width:].any()):
-            raise InputError("the positions mask marks positions beyond a text's tokens")
-        out = torch.zeros(len(rows), width, dtype=torch.bool)
-        out[:, :min(width, mask.shape[1])] = mask[:, :width]
-        return out
-    if isinstance(positions, (list, tuple)) and positions \
-            and all(isinstance(p, (list, tuple)) for p in positions):
-        return [positions[r] for r in rows]
-    return positions
-
-
 @dataclass(frozen=True)
 class _Job:
     """Everything one batch needs (so ranks of a process group can share it)."""
@@ -199,23 +193,19 @@ class _Job:
     tokenizer: Any
     texts: tuple[Text, ...]
     ids: tuple[str, ...]
-    metric: str | Metric
-    positions: Positions
+    request: MetricRequest
     scope: Scope
     anatomy: Anatomy
     weights: OutputWeights
     max_length: int | None
     truncation: Truncation
+    value_bias: ValueBias
 
     def __call__(self, span: slice) -> tuple[pd.DataFrame, pd.DataFrame]:
         batch = encode(self.model, self.tokenizer, self.texts[span], max_length=self.max_length,
                        truncation=self.truncation)
-        positions = None
-        metric = self.metric
-        if isinstance(metric, str):  # positions given for the corpus: this batch's part
-            rows = [int(i) for i in self.ids[span]]
-            positions = _batch_positions(self.positions, rows, batch["input_ids"].shape[1])
-            metric = parse_metric(metric, self.tokenizer, positions=positions)
+        rows = [int(i) for i in self.ids[span]]  # this batch's part of the corpus's options
+        metric, positions = self.request.for_batch(rows, batch["input_ids"].shape[1])
         keep = _kept(metric, positions, batch)
         param = next(self.model.parameters())
         dtype = torch.float32 if param.device.type == "mps" else torch.float64
@@ -233,7 +223,7 @@ class _Job:
             check_residual(self.anatomy, self.weights, record)
             columns = contributions(self.anatomy, self.weights, record, self.scope,
                                     rows.to(record.found["embed"].device), terms.token,
-                                    terms.coeff)
+                                    terms.coeff, value_bias=self.value_bias)
         values = torch.stack([c for _, c in columns], -1).cpu()  # [terms, component]
         return self._frames(batch, fixed.spec, real, terms.example, terms.position, values,
                             [c for c, _ in columns], span, record.source_dtype)
@@ -267,47 +257,62 @@ class _Job:
         totals = pd.DataFrame({"example_id": ids, "metric": spec, "value": real.numpy(),
                                "components": per_example.numpy(),
                                "gap": (per_example - real).numpy(), "size": size.numpy()})
-        _check_metric(totals, self.anatomy, dtype, self.model.training)
+        _check_metric(totals, self.anatomy, dtype)
         return table, totals[TOTAL_COLUMNS]
 
 
 # ----------------------------------------------------------------------------- entry point
 def logit_attribution(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
-                      metric: str | Metric, *, positions: Positions = "last",
-                      scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
-                      truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-                      distributed: bool | None = None,
-                      max_length: int | None = None) -> LogitAttribution:
+                      metric: str | Metric, *, scope: ScopeLike = "all",
+                      batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
+                      seed: int = 0, progress: bool = False, distributed: bool | None = None,
+                      max_length: int | None = None,
+                      metric_positions: Positions | None = DEFAULT_POSITIONS,
+                      pairs: Sequence[Pair] | None = None, value_bias: ValueBias = "head",
+                      positions: Positions | None = None) -> LogitAttribution:
     """Direct logit attribution of ``metric`` to every head, the embeddings, each MLP and
-    the biases, over ``texts`` (module docstring; methods guide §16).
+    the biases, over ``texts`` (module docstring; the definition:
+    [causal methods](../guide/causal-methods.md#direct-logit-attribution)).
 
     Args:
         model: a pre-norm language model whose layout attnprobe knows
             (:mod:`attnprobe.capture.anatomy`: GPT-2, LLaMA-layout decoders, the reference
-            models); post-norm (BERT-style) models are refused.
+            models), in eval mode; post-norm (BERT-style) models are refused.
         texts: strings or token ids, as every corpus analysis takes them.
         metric: a spec linear in the logits (``logit:T``, ``logit_diff:A,B``,
             ``next-token``, ``logit:next``; :mod:`attnprobe.core.metric`) or a
             :class:`~attnprobe.core.metric.Metric` (which carries its own positions).
-        positions: where a spec reads (``"last"``, ``"all"``, lists, a ``[batch, seq]``
-            mask; :func:`~attnprobe.core.metric.positions_mask`).
         scope: the heads listed one by one; the others of each layer form one ``rest`` row,
             so the table still sums to the metric.
         batch_size / truncation / progress / distributed / max_length: as for every corpus
             analysis (:func:`attnprobe.extract`); ``seed`` is unused (nothing is drawn).
+        metric_positions: where a spec reads, as in patching: ``"last"`` (default), ``"all"``,
+            a position, a list, one list per text, or a ``[text, seq]`` bool mask exactly as
+            wide as the longest text; ``None`` is the metric's default (``"all"`` for
+            ``logit:next``, else ``"last"``). Positions count real tokens, negative ones from
+            the end (:mod:`attnprobe.core.positions`).
+        pairs: for ``metric="logit_diff"``, one ``(correct, wrong)`` pair per text, as in
+            patching.
+        value_bias: where a head's value bias ``b_V`` goes (:data:`VALUE_BIASES`):
+            ``"head"`` (default: each head keeps ``b_V @ W_O``, what it writes) or
+            ``"output"`` (TransformerLens' default: heads read ``z`` without ``b_V``, and the
+            layer's ``attn_bias`` row gets ``Σ_h b_V[h] @ W_O[h]``). Totals are the same.
+        positions: deprecated name of ``metric_positions`` (a ``DeprecationWarning``).
 
     Returns:
         :class:`LogitAttribution`: ``.table`` (:data:`COLUMNS`), ``.totals`` (the model's
         metric next to the components' sum), ``.by_head()``, ``.by_component()``.
 
     Raises:
-        InputError: a refused or unknown model, a model without an unembedding, a metric
-            that is not linear in the logits, bad positions or texts.
+        InputError: a refused or unknown model, a model in training mode, a model without an
+            unembedding, a metric that is not linear in the logits, bad positions (the
+            argument, example and position named), pairs or texts.
         DecompositionError: the components do not add up to the model's metric (more than
             :func:`tolerance` relative): the model computes something its adapter misses.
 
     Example:
-        >>> dla = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:next", positions="all")
+        >>> dla = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:next",
+        ...                                  metric_positions="all")
         >>> dla.by_head().shape    # layer × head: each head's direct part of the metric
         (2, 4)
         >>> t = dla.totals         # the components add up to the model's own metric
@@ -315,23 +320,27 @@ def logit_attribution(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | 
         True
     """
     del seed  # deterministic: nothing is drawn
+    metric_positions = renamed_positions(metric_positions, positions)
+    if value_bias not in VALUE_BIASES:
+        raise InputError(one_of("value_bias", value_bias, tuple(VALUE_BIASES)))
     parts = anatomy(model)
+    check_eval(model)
     scope = Scope.parse(scope).validate(parts.n_layers, parts.n_heads, name=parts.name)
-    parsed = parse_metric(metric, tokenizer, positions="all")
-    if not parsed.linear:
-        raise InputError(f"metric {parsed.spec!r} is not a sum of logits; a direct logit "
-                         "attribution needs logit:T, logit_diff:A,B, next-token or logit:next "
-                         "(prob, logprob and loss are not linear in the logits)")
-    weights = OutputWeights.read(parts)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
                             max_length=max_length)
-    job = _Job(model, tokenizer, corpus.texts, corpus.ids,
-               metric if isinstance(metric, str) else parsed, positions, scope,
-               parts, weights, max_length, truncation)
+    request = metric_request(model, tokenizer, corpus, metric, metric_positions, pairs,
+                             truncation=truncation, max_length=max_length)
+    if not request.parsed.linear:
+        raise InputError(f"metric {request.parsed.spec!r} is not a sum of logits; a direct "
+                         "logit attribution needs logit:T, logit_diff:A,B, next-token or "
+                         "logit:next (prob, logprob and loss are not linear in the logits)")
+    weights = OutputWeights.read(parts)
+    job = _Job(model, tokenizer, corpus.texts, corpus.ids, request, scope, parts, weights,
+               max_length, truncation, value_bias)
     found = run_sharded(job, batch_spans(len(corpus.texts), batch_size),
                         distributed=distributed, progress=progress, desc="logit attribution")
     table = pd.concat([t for t, _ in found], ignore_index=True)
     totals = pd.concat([t for _, t in found], ignore_index=True)
     table.attrs["skipped"] = corpus.skipped
     return LogitAttribution(table, totals, parts.name, parts.family, parts.n_layers,
-                            parts.n_heads)
+                            parts.n_heads, value_bias)

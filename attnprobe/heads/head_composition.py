@@ -1,6 +1,6 @@
 """Q-, K- and V-composition between heads, from the weights (Elhage et al. 2021).
 
-Follows the methods guide (§16, "QK and OV circuits, composition scores"), in the **row
+Follows [causal methods](../guide/causal-methods.md#composition-scores), in the **row
 vector** convention of :mod:`attnprobe.heads.qk_ov` (``x @ W``; norms folded as there). A
 writer head ``A`` in an earlier layer writes ``y @ W_OV^A`` into the residual; a reader head
 ``B`` in a later layer reads it through its query, key or value:
@@ -182,7 +182,8 @@ class Composition:
 def composition(model: nn.Module | Circuits, *, kinds: Sequence[str] = KINDS,
                 n_draws: int = DEFAULT_DRAWS, seed: int = 0) -> Composition:
     """Q-, K- and V-composition scores between every head and every head of a later layer,
-    with their random baseline (module docstring; methods guide §16).
+    with their random baseline (module docstring;
+    [causal methods](../guide/causal-methods.md#composition-scores)).
 
     Args:
         model: a model whose layout attnprobe knows (:func:`attnprobe.heads.circuits`), or

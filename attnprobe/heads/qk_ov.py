@@ -1,6 +1,6 @@
 """QK and OV circuits of every head, read from the weights (Elhage et al. 2021).
 
-Follows the methods guide (§16, "QK and OV circuits, composition scores"). **Row vectors**
+Follows [causal methods](../guide/causal-methods.md#qk-and-ov-circuits). **Row vectors**
 throughout (``x @ W``, TransformerLens' convention; :mod:`attnprobe.capture.head_weights`):
 
 - ``W_QK[h] = W_Q[h] @ W_K[h]ᵀ`` ``[d_model, d_model]``: the score of query residual ``x_q``
@@ -236,7 +236,7 @@ class Circuits:
 
 def circuits(model: nn.Module) -> Circuits:
     """The QK and OV circuits of every head of ``model``, from its weights (module
-    docstring; methods guide §16).
+    docstring; [causal methods](../guide/causal-methods.md#qk-and-ov-circuits)).
 
     Args:
         model: a pre-norm model whose layout attnprobe knows (:mod:`attnprobe.capture.

@@ -1,6 +1,7 @@
 """The parts of a pre-norm model's residual stream, read off one forward, and their direct
-contributions to logits: the machinery of :mod:`attnprobe.heads.direct_logits` (methods guide
-§16, "Direct logit attribution"; Elhage et al. 2021; TransformerLens ``decompose_resid``).
+contributions to logits: the machinery of :mod:`attnprobe.heads.direct_logits` (the
+definition: [causal methods](../guide/causal-methods.md#direct-logit-attribution); Elhage et
+al. 2021; TransformerLens ``decompose_resid``).
 
 :func:`recording` hooks (for one forward; removed on exit, also on error) the input of the
 first block (the embedded residual: token, position, any scaling), the input of every
@@ -8,6 +9,12 @@ attention output projection (the heads' outputs ``z``, head-major), every MLP ou
 final norm's input and output, keeping only the chosen positions. :func:`contributions`
 projects each part on the logit directions of a metric's terms with the final norm's scale
 frozen at the run's value; :func:`check_residual` checks the parts add up to the residual.
+
+**Value biases** (:data:`VALUE_BIASES`): a head's output is ``z_h @ W_O[h]`` with ``z_h =
+Σ_k A[q, k] (x_k @ W_V[h] + b_V[h])``; as each attention row sums to 1, ``b_V[h] @ W_O[h]`` is
+the same at every position. ``"head"`` leaves it in head ``h``; ``"output"`` (TransformerLens'
+``fold_value_biases``, its default) moves it into the layer's ``attn_bias`` row next to
+``b_O``. The rows still sum to the same total.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -24,8 +31,16 @@ from attnprobe.capture.anatomy import Anatomy, DecompositionError
 from attnprobe.core.scope import Scope
 from attnprobe.errors import HookNotFiredError
 
-__all__ = ["Component", "OutputWeights", "Record", "check_residual", "contributions",
-           "recording", "tolerance"]
+__all__ = ["VALUE_BIASES", "Component", "OutputWeights", "Record", "ValueBias",
+           "check_residual", "contributions", "recording", "tolerance"]
+
+ValueBias = Literal["head", "output"]
+VALUE_BIASES: dict[str, str] = {
+    "head": "each head keeps its value bias (b_V @ W_O): what the head writes",
+    "output": "value biases summed into the layer's attn_bias row (TransformerLens' default, "
+              "fold_value_biases): heads read z without b_V",
+}
+"""Where a head's value bias is counted (module docstring)."""
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -121,25 +136,43 @@ def _hook_keys(model: Anatomy) -> list[str]:
 @dataclass(frozen=True)
 class OutputWeights:
     """What the projection needs, read once per call: per layer ``W_O [head, d_head,
-    d_model]`` and ``b_O``; the unembedding ``W_U [d_model, vocab]`` and ``b_U``."""
+    d_model]``, ``b_O`` and ``b_V [head, d_head]`` (per query head: a key/value head's bias
+    repeated for each head reading it); the unembedding ``W_U [d_model, vocab]`` and
+    ``b_U``."""
 
     W_O: tuple[torch.Tensor, ...]
     b_O: tuple[torch.Tensor | None, ...]
     W_U: torch.Tensor
     b_U: torch.Tensor | None
+    b_V: tuple[torch.Tensor | None, ...] = ()
 
     @classmethod
     def read(cls, model: Anatomy) -> OutputWeights:
-        weights = [layer.weights() for layer in model.layers]
+        weights = [layer.weights().per_query_head() for layer in model.layers]
         W_U, b_U = model.unembedding()
-        return cls(tuple(w.W_O for w in weights), tuple(w.b_O for w in weights), W_U, b_U)
+        return cls(tuple(w.W_O for w in weights), tuple(w.b_O for w in weights), W_U, b_U,
+                   tuple(w.b_V for w in weights))
 
+    def layer_bias(self, layer: int, value_bias: str, device: torch.device,
+                   dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(b_V [head, d_head] to take off each head's z, the layer's bias row [d_model])``
+        under ``value_bias`` (module docstring), on ``device`` in ``dtype``; None where there
+        is none."""
+        b_O = self.b_O[layer]
+        b_O = None if b_O is None else b_O.to(device, dtype)
+        b_V = self.b_V[layer] if value_bias == "output" and self.b_V else None
+        if b_V is None:
+            return None, b_O
+        b_V = b_V.to(device, dtype)
+        moved = torch.einsum("hd,hdm->m", b_V, self.W_O[layer].to(device, dtype))
+        return b_V, moved if b_O is None else b_O + moved
 
 def contributions(model: Anatomy, weights: OutputWeights, record: Record, scope: Scope,
-                  rows: torch.Tensor, tokens: torch.Tensor, coeff: torch.Tensor
-                  ) -> list[tuple[Component, torch.Tensor]]:
+                  rows: torch.Tensor, tokens: torch.Tensor, coeff: torch.Tensor, *,
+                  value_bias: ValueBias = "head") -> list[tuple[Component, torch.Tensor]]:
     """Each component's contribution to every logit term ``[terms]`` (coefficient
-    included); ``rows`` / ``tokens`` / ``coeff`` ``[terms]``."""
+    included); ``rows`` / ``tokens`` / ``coeff`` ``[terms]``; ``value_bias`` says where each
+    head's value bias is counted (:data:`VALUE_BIASES`)."""
     dtype, device = record.dtype, record.found["final_in"].device
     spec = model.final_spec
     readout = weights.W_U[:, tokens.to(weights.W_U.device)].T.to(device, dtype)  # [terms, d]
@@ -153,9 +186,12 @@ def contributions(model: Anatomy, weights: OutputWeights, record: Record, scope:
         return (record.found[key][rows] * u).sum(-1) * factor
 
     out = [(Component("embed", "embed"), project("embed"))]
-    for layer, W_O, b_O in zip(model.layers, weights.W_O, weights.b_O, strict=True):
+    for index, (layer, W_O) in enumerate(zip(model.layers, weights.W_O, strict=True)):
         i, n = layer.index, layer.n_heads
         z = record.found[f"z{i}"][rows].view(len(rows), n, -1)  # [terms, head, d_head]
+        b_V, b_O = weights.layer_bias(index, value_bias, device, dtype)
+        if b_V is not None:  # attention rows sum to 1: b_V is in z at every position
+            z = z - b_V
         through = torch.einsum("hdm,tm->thd", W_O.to(device, dtype), u)  # [terms, head, d_head]
         heads = (z * through).sum(-1) * factor[:, None]  # [terms, head]
         inside = [h for h in range(n) if scope.contains(i, h)]
@@ -164,8 +200,7 @@ def contributions(model: Anatomy, weights: OutputWeights, record: Record, scope:
             rest = [h for h in range(n) if h not in inside]
             out.append((Component(f"L{i}.rest", "rest", i), heads[:, rest].sum(-1)))
         if b_O is not None:
-            out.append((Component(f"L{i}.attn_bias", "bias", i),
-                        (u @ b_O.to(device, dtype)) * factor))
+            out.append((Component(f"L{i}.attn_bias", "bias", i), (u @ b_O) * factor))
         if layer.mlp is not None:
             out.append((Component(f"L{i}.mlp", "mlp", i), project(f"mlp{i}")))
     if spec.bias is not None:

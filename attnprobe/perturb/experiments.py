@@ -120,6 +120,7 @@ from attnprobe.capture.text import (
     prepare_corpus,
     truncation_mode,
 )
+from attnprobe.capture.token_ids import check_inputs
 from attnprobe.core.checks import check_number
 from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.scope import Scope
@@ -254,8 +255,8 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     check_model(model, output)
     rank_and_world(distributed)  # distributed=True without a process group fails here
     check_target(spec.name, params, target)
-    scalar = scalar_metric(metric, tokenizer, positions,
-                           1 if isinstance(texts, str) else len(texts))
+    texts = check_inputs(texts)  # None, a number ...: the one-line error every entry point gives
+    scalar = scalar_metric(metric, tokenizer, positions, len(texts))
     check_metric(spec.name, params, output, scalar)
     corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
     scope = model_scope(model, scope)
@@ -281,7 +282,10 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
     else:  # a clear error now when the metric cannot read this model's output
         scalar.read(first_output, first, job.ids[:1])
     rows = spec.fn(job)
-    return tidy(spec.name, rows, *attention_sizes(model))
+    table = tidy(spec.name, rows, *attention_sizes(model))
+    if scalar is not None:  # the ids of the tokens the metric column names
+        table.attrs["metric_ids"] = scalar.metric.token_ids
+    return table
 
 
 def knockout(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, edges: Any, *,

@@ -72,7 +72,7 @@ def logit_attribution(result: Any, *, annotate: bool | None = None, cmap: str = 
 
     Example:
         >>> dla = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:next",
-        ...                                  positions="all")
+        ...                                  metric_positions="all")
         >>> fig = ap.plot.logit_attribution(dla)
         >>> heat = fig.axes[0]                          # layer × head
         >>> heat.get_title(), len(heat.get_yticklabels()), len(heat.get_xticklabels())

@@ -21,6 +21,11 @@ patching                    the caller gives corrupted inputs (:class:`PatchRequ
 Post-norm models (MiniLM, BERT) get neither of the first two: their residual is re-normalised
 in every layer, so no exact linear decomposition exists. :func:`check_patching` refuses a bad
 patching request before any forward (the census included).
+
+A text of one token has no next token: the sections that read one (the direct logit
+attribution, patching with ``logit:next`` or ``loss``) leave it out, keep the others' example
+ids (the text's place in the report's list) and say so in a note on the page
+(``table.attrs["notes"]``).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import pandas as pd
 from torch import nn
 
 from attnprobe.capture.anatomy import Anatomy, DecompositionError, anatomy
-from attnprobe.capture.text import Text
+from attnprobe.capture.text import Text, token_lengths
 from attnprobe.core.checks import check_number
-from attnprobe.core.metric import MetricFn, Positions
+from attnprobe.core.metric import MetricFn, Positions, reads_next_token
 from attnprobe.errors import InputError
 from attnprobe.heads.direct_logits import LogitAttribution, logit_attribution
 from attnprobe.heads.head_composition import Composition, composition
@@ -151,13 +156,19 @@ def causal_results(model: nn.Module, tokenizer: Any, texts: Sequence[Text], *,
     shown = list(texts[:causal_texts])
     parts = decomposable(model) if dla or compose else None
     found_dla = found_composition = found_patching = None
+    lengths = token_lengths(tokenizer, shown, model=model) if dla or patching else []
     if dla and parts is not None and parts.unembed is not None:
+        kept, note = _with_next_token(lengths, "direct logit attribution")
         try:
-            found_dla = logit_attribution(model, tokenizer, shown, DLA_METRIC,
-                                          positions="all", **options)
+            found_dla = None if not kept else logit_attribution(
+                model, tokenizer, [shown[i] for i in kept], DLA_METRIC,
+                metric_positions="all", **options)
         except DecompositionError as exc:  # say how to get the rest of the page
             raise DecompositionError(f"{exc} (logit_attribution=False, CLI "
                                      "--no-logit-attribution, leaves the section out)") from None
+        if found_dla is not None:
+            _renumber(found_dla.table, kept, note)
+            _renumber(found_dla.totals, kept, note)
     if compose and parts is not None and parts.n_layers >= 2:
         found_composition = composition(model, seed=options.get("seed", 0))
     if patching is not None:
@@ -165,7 +176,33 @@ def causal_results(model: nn.Module, tokenizer: Any, texts: Sequence[Text], *,
         if patching.experiment == "path":  # senders / receivers instead of the scope
             keywords.pop("scope", None)
         positions = patching.metric_positions if isinstance(patching.metric, str) else "last"
-        found_patching = run(model, tokenizer, shown, list(patching.corrupt[:causal_texts]),
-                             patching.metric, patching.experiment, metric_positions=positions,
-                             **keywords, **dict(patching.options))
+        kept, note = _with_next_token(lengths, "patching") \
+            if reads_next_token(patching.metric) else (list(range(len(shown))), None)
+        corrupt = list(patching.corrupt[:causal_texts])
+        if kept:
+            found_patching = run(model, tokenizer, [shown[i] for i in kept],
+                                 [corrupt[i] for i in kept], patching.metric,
+                                 patching.experiment, metric_positions=positions,
+                                 **keywords, **dict(patching.options))
+            _renumber(found_patching, kept, note)
     return CausalResults(found_dla, found_composition, found_patching)
+
+
+def _with_next_token(lengths: Sequence[int], section: str) -> tuple[list[int], str | None]:
+    """The texts with a next token to read (two tokens or more), and the note naming the
+    others (None when none is left out)."""
+    kept = [i for i, n in enumerate(lengths) if n >= 2]
+    left = [str(i) for i, n in enumerate(lengths) if n < 2]
+    if not left:
+        return kept, None
+    return kept, (f"Text(s) {', '.join(left)} have one token, so no next token to read: "
+                  f"left out of the {section}.")
+
+
+def _renumber(table: pd.DataFrame, kept: Sequence[int], note: str | None) -> None:
+    """``example_id`` of the rows of a run on the texts ``kept`` back to their place in the
+    report's list, and ``note`` added to the notes the page shows."""
+    if note is None:
+        return
+    table["example_id"] = [str(kept[int(i)]) for i in table["example_id"]]
+    table.attrs["notes"] = [*table.attrs.get("notes", []), note]

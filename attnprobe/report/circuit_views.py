@@ -68,8 +68,9 @@ def logit_attribution_body(result: Any, of: int | None = None) -> Any:
                             caption=f"direct part of {metric}")] if len(heads) else []
     n = len(result.totals)
     corpus = f" (the first {n} of {of})" if of is not None and of > n else ""
-    note = (f"{n} example(s){corpus}; the components of each sum to the model's {metric} "
-            f"(largest gap {number(result.totals['gap'].abs().max())}).")
+    note = " ".join([f"{n} example(s){corpus}; the components of each sum to the model's "
+                     f"{metric} (largest gap {number(result.totals['gap'].abs().max())}).",
+                     *result.totals.attrs.get("notes", [])])  # e.g. texts left out
     body = sections.result(note, figures, None)
     if len(heads):
         top = top_heads(result)

@@ -29,8 +29,9 @@ from attnprobe.attribution.view_common import check_query
 from attnprobe.capture.corpus import extract
 from attnprobe.capture.generation import check_generation
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text, Truncation
+from attnprobe.capture.token_ids import check_inputs
 from attnprobe.core.checks import check_number
-from attnprobe.core.metric import MetricFn, Positions
+from attnprobe.core.metric import MetricFn, Positions, default_positions
 from attnprobe.core.scope import ScopeLike
 from attnprobe.heads.head_census import census
 from attnprobe.perturb.experiments import reads_target, run
@@ -61,7 +62,7 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, *,
                logit_attribution: bool = True, composition: bool = True,
                causal_texts: int = DEFAULT_CAUSAL_TEXTS, corrupt: Sequence[Text] | None = None,
                patch: str = "heads", patch_options: Mapping[str, Any] | None = None,
-               metric: str | MetricFn = "logit:next", metric_positions: Positions = "last",
+               metric: str | MetricFn = "logit:next", metric_positions: Positions | None = None,
                title: str = "attnprobe report") -> Report:
     """Analyse ``model`` on ``texts`` and build the report page (``attnprobe report``).
 
@@ -106,7 +107,11 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, *,
             :func:`attnprobe.patch.run`) and its options (``site``, ``direction``,
             ``receivers`` ...: :func:`attnprobe.patch.params_of`).
         metric / metric_positions: what patching measures (:mod:`attnprobe.core.metric`;
-            default ``logit:next`` at the last position) and where a spec reads it.
+            default ``logit:next``, the clean input's next token in every run) and where a
+            spec reads it (default :func:`~attnprobe.core.metric.default_positions`: every
+            position with a next token for ``logit:next`` and ``loss``, the last for the
+            others). Texts of one token have no next token: the causal sections leave them
+            out and say so.
         title: the page title.
 
     Returns:
@@ -136,11 +141,12 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, *,
     check_number("view_texts", view_texts, integer=True, minimum=1)
     check_number("causal_texts", causal_texts, integer=True, minimum=1)
     _check_early(model, query, target, generate, perturb, perturb_options)
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    texts = check_inputs(texts)  # None, a number ...: the one-line error of every entry point
     patching = None
     if corrupt is not None:
+        where = default_positions(metric) if metric_positions is None else metric_positions
         patching = PatchRequest(tuple([corrupt] if isinstance(corrupt, str) else corrupt),
-                                patch, dict(patch_options or {}), metric, metric_positions)
+                                patch, dict(patch_options or {}), metric, where)
         check_patching(model, tokenizer, texts, patching, causal_texts=causal_texts,
                        max_length=max_length)
     found = census(model, tokenizer, texts, scope=scope, batch_size=batch_size,

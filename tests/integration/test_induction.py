@@ -323,7 +323,7 @@ def test_logit_attribution_at_copy_steps_sums_and_is_the_induction_heads(trained
                                                                          labels):
     model, tok = trained
     second = ap.heads.logit_attribution(model, tok, segments.input_ids, "logit:next",
-                                        positions=segments.second_half)
+                                        metric_positions=segments.second_half)
     with torch.no_grad():  # the metric from the model's own logits, read here
         logits = model(segments.input_ids).double()
     following = logits[:, :-1].gather(-1, segments.input_ids[:, 1:, None])[..., 0]
@@ -342,7 +342,7 @@ def test_logit_attribution_at_copy_steps_sums_and_is_the_induction_heads(trained
     assert min(parts[names]) > 3 * others.abs().max()
     # the control: where nothing can be copied, the induction heads write little of it
     first = ap.heads.logit_attribution(model, tok, segments.input_ids, "logit:next",
-                                       positions=segments.first_half)
+                                       metric_positions=segments.first_half)
     control = first.by_component().set_index("component")["value"][names].sum()
     assert control < 0.2 * carried
 

@@ -18,7 +18,7 @@ def _outputs(rank: int) -> dict:
 
     model, tok = ap.load_model("ref:llama")  # seeded: the same on every rank
     with counting_forwards(model) as forwards:
-        result = ap.heads.logit_attribution(model, tok, TEXTS, "logit:dog", positions="all",
+        result = ap.heads.logit_attribution(model, tok, TEXTS, "logit:dog", metric_positions="all",
                                             batch_size=BATCH, scope="layer:1")
     return {"forwards": len(forwards), "table": result.table, "totals": result.totals}
 

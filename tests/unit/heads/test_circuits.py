@@ -1,8 +1,9 @@
-"""QK/OV circuits and composition scores from the weights (methods guide §16): values known by
-construction (identity OV → copying score 1, orthogonal subspaces → composition 0, aligned
-rank-one circuits → 1), equal to explicit ``d_model × d_model`` / ``vocab × vocab`` products
-built here from the modules' own weights (norms folded by hand, each query head with its
-shared KV head), a random baseline checked against an independent draw, and one-line errors."""
+"""QK/OV circuits and composition scores from the weights (docs/guide/causal-methods.md):
+values known by construction (identity OV → copying score 1, orthogonal subspaces →
+composition 0, aligned rank-one circuits → 1), equal to explicit ``d_model × d_model`` /
+``vocab × vocab`` products built here from the modules' own weights (norms folded by hand,
+each query head with its shared KV head), a random baseline checked against an independent
+draw, and one-line errors."""
 
 from __future__ import annotations
 

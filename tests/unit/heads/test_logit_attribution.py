@@ -1,7 +1,7 @@
-"""Direct logit attribution (methods guide §16): the components sum to the metric read off the
-model's own logits (≤ 1e-4 on tiny GPT-2, LLaMA and Qwen2 configs with every bias set), a
-head's value equals its output recomputed from the captured pattern and the weights through
-the frozen final norm, scopes keep the sum, and every refusal is one line."""
+"""Direct logit attribution (docs/guide/causal-methods.md): the components sum to the metric
+read off the model's own logits (≤ 1e-4 on tiny GPT-2, LLaMA and Qwen2 configs with every
+bias set), a head's value equals its output recomputed from the captured pattern and the
+weights through the frozen final norm, scopes keep the sum, and every refusal is one line."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def own_logits(model, tok, texts):
 
 def test_components_sum_to_the_models_own_next_token_logits(lm):
     model, tok = lm
-    result = logit_attribution(model, tok, TEXTS, "logit:next", positions="all")
+    result = logit_attribution(model, tok, TEXTS, "logit:next", metric_positions="all")
     logits, ids, mask = own_logits(model, tok, TEXTS)
     assert list(result.table.columns) == COLUMNS
     assert list(result.totals.columns) == TOTAL_COLUMNS
@@ -76,9 +76,9 @@ def test_components_sum_to_the_models_own_next_token_logits(lm):
 
 def test_logit_difference_is_the_difference_of_two_logits(lm):
     model, tok = lm
-    diff = logit_attribution(model, tok, TEXTS, "logit_diff:w5,w6", positions="all")
-    first = logit_attribution(model, tok, TEXTS, "logit:w5", positions="all")
-    second = logit_attribution(model, tok, TEXTS, "logit:w6", positions="all")
+    diff = logit_attribution(model, tok, TEXTS, "logit_diff:w5,w6", metric_positions="all")
+    first = logit_attribution(model, tok, TEXTS, "logit:w5", metric_positions="all")
+    second = logit_attribution(model, tok, TEXTS, "logit:w6", metric_positions="all")
     logits, _, mask = own_logits(model, tok, TEXTS)
     for b in range(len(TEXTS)):
         n = int(mask[b].sum())
@@ -105,8 +105,8 @@ def test_next_token_is_fixed_on_the_run_and_decomposed(lm):
 
 def test_a_scope_lists_its_heads_and_sums_the_rest_per_layer(lm):
     model, tok = lm
-    full = logit_attribution(model, tok, TEXTS, "logit:next", positions="all")
-    part = logit_attribution(model, tok, TEXTS, "logit:next", positions="all",
+    full = logit_attribution(model, tok, TEXTS, "logit:next", metric_positions="all")
+    part = logit_attribution(model, tok, TEXTS, "logit:next", metric_positions="all",
                              scope="heads:0.1,1.2")
     assert sorted(set(part.table.loc[part.table["kind"] == "head", "component"])) == \
         ["L0H1", "L1H2"]
@@ -123,7 +123,7 @@ def test_shared_corpus_signature():
     params = inspect.signature(ap.heads.logit_attribution).parameters
     assert list(params)[:4] == ["model", "tokenizer", "texts", "metric"]
     defaults = {"scope": "all", "batch_size": 16, "truncation": "error", "seed": 0,
-                "progress": False, "distributed": None, "positions": "last"}
+                "progress": False, "distributed": None, "metric_positions": "last"}
     for name, default in defaults.items():
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
         assert params[name].default == default, name
@@ -147,7 +147,7 @@ def toy():
 def test_a_heads_value_is_its_output_through_the_frozen_final_norm(toy):
     model, tok = toy
     sentence = "the cat sat on the mat"
-    result = logit_attribution(model, tok, [sentence], "logit:dog", positions="all")
+    result = logit_attribution(model, tok, [sentence], "logit:dog", metric_positions="all")
     # independently: the pattern from the capture seam, v and W_O from the weights, the
     # residual from a plain hook on the final norm
     amap = ap.extract(model, tok, [sentence])[0]
@@ -206,12 +206,16 @@ def test_corpus_positions_are_cut_per_batch(toy):
     model, tok = toy
     texts = ["the cat sat on the mat", "a dog ran", "the dog sat on a mat"]
     lists = [[1, 2], [0], [3, 5]]
-    mask = torch.zeros(3, 9, dtype=torch.bool)
+    width = max(len(tok([t])["input_ids"][0]) for t in texts)  # as wide as the inputs
+    mask = torch.zeros(3, width, dtype=torch.bool)
     for b, wanted in enumerate(lists):
         mask[b, wanted] = True
-    by_lists = logit_attribution(model, tok, texts, "logit:dog", positions=lists, batch_size=2)
-    by_mask = logit_attribution(model, tok, texts, "logit:dog", positions=mask, batch_size=1)
-    whole = logit_attribution(model, tok, texts, "logit:dog", positions=lists, batch_size=3)
+    by_lists = logit_attribution(model, tok, texts, "logit:dog", metric_positions=lists,
+                                 batch_size=2)
+    by_mask = logit_attribution(model, tok, texts, "logit:dog", metric_positions=mask,
+                                batch_size=1)
+    whole = logit_attribution(model, tok, texts, "logit:dog", metric_positions=lists,
+                              batch_size=3)
     for other in (by_mask, whole):
         assert by_lists.table["value"].to_numpy() == pytest.approx(other.table["value"]
                                                                    .to_numpy(), abs=1e-9)
@@ -281,7 +285,7 @@ def family(config_class, model_class, **extra):
 def test_gemmas_scaled_embeddings_and_one_plus_weight_norms_still_sum_exactly():
     model = family(transformers.GemmaConfig, transformers.GemmaForCausalLM, head_dim=8)
     _, tok = causal_lm("llama")
-    result = logit_attribution(model, tok, TEXTS, "logit:next", positions="all")
+    result = logit_attribution(model, tok, TEXTS, "logit:next", metric_positions="all")
     logits, ids, mask = own_logits(model, tok, TEXTS)
     for b in range(len(TEXTS)):
         n = int(mask[b].sum())

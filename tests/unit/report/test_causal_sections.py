@@ -65,7 +65,7 @@ def test_the_page_shows_the_direct_logit_attribution_of_the_first_texts(page, in
     ids = re.findall(r'<section id="([^"]+)"', page.html)
     assert [s for s in ids if s in CAUSAL] == list(CAUSAL)  # in rank order, at the end
     assert ids[-3:] == list(CAUSAL)
-    alone = logit_attribution(model, tok, TEXTS[:2], "logit:next", positions="all")
+    alone = logit_attribution(model, tok, TEXTS[:2], "logit:next", metric_positions="all")
     assert page.contents.logit_attribution.table.equals(alone.table)
     body = section(page.html, "logit-attribution")
     assert "2 example(s) (the first 2 of 3)" in body

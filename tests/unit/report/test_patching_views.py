@@ -28,8 +28,8 @@ def test_a_heads_table_shows_one_cell_per_head_and_the_note():
     cells = re.findall(r'data-key="(L\dH\d)"', html)
     assert sorted(set(cells)) == [f"L{la}H{h}" for la in range(2) for h in range(4)]
     assert "mean of 1 example(s)" in html  # the NaN pair is left out of the means
-    assert "examples 1: metric &#39;logit:next&#39; is equal" in html or \
-        "examples 1: metric 'logit:next' is equal" in html
+    assert "examples 1: metric &#39;logit:next(clean)&#39; is equal" in html or \
+        "examples 1: metric 'logit:next(clean)' is equal" in html
     assert "(patched − corrupt)/(clean − corrupt)" in html
 
 

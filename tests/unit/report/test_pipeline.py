@@ -36,7 +36,7 @@ def test_from_model_is_the_steps_composed_by_hand(induction):
     perturbation = run(model, tok, TEXTS[:2], "ablate", **quiet)
     # a pre-norm language model: direct logit attribution on the first causal_texts (8),
     # composition from the weights
-    dla = logit_attribution(model, tok, TEXTS, "logit:next", positions="all", **quiet)
+    dla = logit_attribution(model, tok, TEXTS, "logit:next", metric_positions="all", **quiet)
     by_hand = build(maps=maps, census=found, comparison=comparison,
                     perturbation=perturbation, title="t", logit_attribution=dla,
                     composition=composition(model))
