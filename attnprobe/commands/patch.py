@@ -1,5 +1,5 @@
-"""``attnprobe patch``: activation, path and attribution patching with a clean and a corrupted
-input per example."""
+"""``attnprobe patch``: activation, path, attribution, residual-stream and MLP-output patching
+with a clean and a corrupted input per example."""
 
 from __future__ import annotations
 
@@ -40,11 +40,19 @@ PATCH_EXAMPLE = """examples:
       --senders layer:0 --receivers layer:1 --into k --direction noising --out path.csv
   attnprobe patch --model ./my-lm --experiment attribution --clean-file clean.txt \\
       --corrupt-file corrupt.txt --metric "logit_diff:Paris,Rome" --compare --out attr.csv
+  attnprobe patch --model ./my-lm --experiment residual --stream resid_mid \\
+      --clean-file clean.txt --corrupt-file corrupt.txt --metric "logit_diff:Paris,Rome" \\
+      --ci 0.95 --out resid.csv
+  attnprobe patch --model ./my-lm --experiment mlp --clean-file clean.txt \\
+      --corrupt-file corrupt.txt --metric "logit_diff:Paris,Rome" --out mlp.csv
 
 Experiments: heads (activation patching: each head's --site taken from the other run), path
 (path patching: each sender's output reaches only the --receivers' --into inputs; every other
 path frozen), attribution (attribution patching: the gradient estimate of heads from two
-forwards and one backward; --compare also runs heads and prints their correlation).
+forwards and one backward; --compare also runs heads and prints their correlation),
+residual (the residual stream of each layer x position from the other run: --stream
+resid_pre entering the block, resid_mid after attention (pre-norm models), resid_post leaving
+it), mlp (each MLP's output per layer x position; pre-norm models).
 --direction denoising runs the corrupted input with clean activations (what is sufficient),
 noising the clean input with corrupted ones (what is necessary). effect = (patched - corrupt)
 / (clean - corrupt) when denoising, (clean - patched) / (clean - corrupt) when noising: 1 when
@@ -57,7 +65,8 @@ next-token (the clean run's top token); --metric-positions (last, all, or 0,3,-1
 it is read. Scopes: {scopes}; a repeated --scope merges.
 Writes one row per example and patch: experiment, example_id, layer, head, position, site,
 direction, metric, clean, corrupt, patched, effect (path: + sender_layer, sender_head,
-receivers, into; --compare: the activation patching rows follow).
+receivers, into; --compare: the activation patching rows follow). --ci 0.95 prints each mean
+effect with its bootstrap interval over the examples (--n-boot draws, seeded by --seed).
 """
 
 
@@ -76,13 +85,14 @@ def _side(args: argparse.Namespace, side: str) -> list[Text]:
                                   f"line) or --{side}-ids \"2 14 15\" (the {side} inputs)")
 
 
-def _print(table: pd.DataFrame, experiment: str) -> None:
+def _print(table: pd.DataFrame, experiment: str, args: argparse.Namespace) -> None:
     from attnprobe.patch import summary
 
-    means = summary(table)
+    means = summary(table, ci=args.ci, n_boot=args.n_boot, seed=args.seed)
     shown = means.sort_values("effect", ascending=False, key=lambda s: s.abs())
     columns = [c for c in ("layer", "head", "position", "sender_layer", "sender_head", "into",
-                           "effect", "patched", "clean", "corrupt", "n_examples")
+                           "effect", "ci_low", "ci_high", "patched", "clean", "corrupt",
+                           "n_examples")
                if c in shown.columns]
     first = means.iloc[0]
     print(f"{table['example_id'].nunique()} example pair(s), {experiment} patching of "
@@ -95,6 +105,7 @@ def _print(table: pd.DataFrame, experiment: str) -> None:
 def cmd_patch(args: argparse.Namespace) -> int:
     from attnprobe.loading import load_model
     from attnprobe.patch import agreement, run
+    from attnprobe.patch.bootstrap import check_ci
 
     out = Path(args.out)
     table_path(args.out, "--out")
@@ -102,6 +113,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
                                             for s in ("clean", "corrupt")])
     if args.compare and args.experiment != "attribution":
         raise AttnProbeError("--compare applies to --experiment attribution")
+    if args.ci is not None:
+        check_ci(args.ci, args.n_boot, args.seed)  # before loading the model
     keywords = option_keywords(args, _options(), args.experiment)
     if args.scope and args.experiment == "path":
         raise AttnProbeError("--experiment path takes --senders and --receivers, not --scope")
@@ -124,7 +137,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     written = pd.concat([table, real], ignore_index=True) if real is not None else table
     write_table(written, out)
     wrote(args, f"{len(written)} rows", out)
-    _print(table, args.experiment)
+    _print(table, args.experiment, args)
     if real is not None:
         found = agreement(table, real)
         print(f"attribution vs activation patching over {found.n} patches: Pearson "
@@ -136,14 +149,14 @@ def register(sub: Any) -> None:
     """Add ``patch`` to the ``attnprobe`` sub-command parsers."""
     from attnprobe.patch import EXPERIMENTS
 
-    parser = sub.add_parser("patch", help="activation, path and attribution patching of heads "
-                            "(clean vs corrupted inputs)",
+    parser = sub.add_parser("patch", help="activation, path and attribution patching of heads, "
+                            "residual-stream and MLP patching (clean vs corrupted inputs)",
                             epilog=PATCH_EXAMPLE.format(scopes=SCOPE_FORMS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm",
                         help="minilm (default), ref:<name>, or a local HF model directory")
     parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
-                        help="heads, path or attribution")
+                        help=", ".join(EXPERIMENTS.names()))
     for side in ("clean", "corrupt"):
         parser.add_argument(f"--{side}", action="append", metavar="TEXT",
                             help=f"a {side} input (repeatable; input i pairs with the other "
@@ -158,9 +171,11 @@ def register(sub: Any) -> None:
                         default="last",
                         help="where the metric reads: last (default), all, or positions "
                              "such as 0,3,-1")
-    run_args(parser, scope_help="heads patched by heads and attribution",
+    run_args(parser, scope_help="heads patched by heads and attribution, layers by residual "
+             "and mlp",
              batch_help="forward rows: examples x patches (attribution: examples)",
-             seed_help="part of the shared options; patching draws nothing at random",
+             seed_help="seeds the --ci bootstrap draws (default 0); patching itself draws "
+             "nothing at random",
              truncate_help="cut pairs longer than the model allows (both inputs alike)",
              skip_help="leave out pairs longer than the model allows",
              length_help="cap on tokens per input")
@@ -168,6 +183,11 @@ def register(sub: Any) -> None:
     parser.add_argument("--compare", action="store_true",
                         help="attribution: also run activation patching (heads) with the "
                              "same options, write its rows too and print the correlation")
+    parser.add_argument("--ci", type=float, metavar="LEVEL",
+                        help="print each mean effect with its bootstrap confidence interval "
+                             "at this level (e.g. 0.95), resampling the examples")
+    parser.add_argument("--n-boot", type=int, default=1000, metavar="N",
+                        help="bootstrap draws for --ci (default 1000)")
     parser.add_argument("--out", default="patch.csv",
                         help="result table: .csv, .parquet or .json (default patch.csv)")
     parser.set_defaults(run=cmd_patch)

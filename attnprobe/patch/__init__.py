@@ -5,15 +5,19 @@ patches per forward, on the shared corpus signature (``distributed=`` included).
 
 - :func:`heads` — each head's output / pattern / q / k / v from the other run
   (:mod:`attnprobe.patch.activation`);
+- :func:`residual` / :func:`mlp` — the residual stream (``resid_pre`` / ``resid_mid`` /
+  ``resid_post``) or the MLP output of each layer × position from the other run
+  (:mod:`attnprobe.patch.stream_patching`, sites: :mod:`attnprobe.patch.stream`);
 - :func:`path` — each sender's output reaching only the receivers' q / k / v
   (:mod:`attnprobe.patch.paths`);
 - :func:`attribution` — the gradient estimate of :func:`heads` for every head (× position)
   from two forwards and one backward; :func:`agreement` correlates it with a real run;
-- :func:`summary` — the mean effect per head, as :func:`attnprobe.plot.patching_effect`
+- :func:`summary` — the mean effect per head (with ``ci=``: bootstrap confidence intervals,
+  :mod:`attnprobe.patch.bootstrap`), as :func:`attnprobe.plot.patching_effect`
   draws it; :func:`run` — any registered experiment by name (:data:`EXPERIMENTS`).
 
-Definitions: methods.md §16; the table: :mod:`attnprobe.patch.table`; which models serve
-which sites: :mod:`attnprobe.patch.sites`.
+Definitions: [causal methods](../guide/causal-methods.md); the table:
+:mod:`attnprobe.patch.table`; which models serve which sites: :mod:`attnprobe.patch.sites`.
 
 Example (``ref:induction``: a segment, then the segment again; the corrupted input has another
 first half, so only the clean one can be continued by copying):
@@ -28,6 +32,7 @@ first half, so only the clean one can be continued by copying):
 """
 
 from attnprobe.patch.attribution_patching import Agreement, agreement
+from attnprobe.patch.block_patching import mlp, residual
 from attnprobe.patch.experiments import (
     EXPERIMENTS,
     attribution,
@@ -37,7 +42,9 @@ from attnprobe.patch.experiments import (
     run,
 )
 from attnprobe.patch.sites import SITES
+from attnprobe.patch.stream import STREAM_SITES
 from attnprobe.patch.table import COLUMNS, PATH_COLUMNS, summary
 
-__all__ = ["COLUMNS", "EXPERIMENTS", "PATH_COLUMNS", "SITES", "Agreement", "agreement",
-           "attribution", "heads", "params_of", "path", "run", "summary"]
+__all__ = ["COLUMNS", "EXPERIMENTS", "PATH_COLUMNS", "SITES", "STREAM_SITES", "Agreement",
+           "agreement", "attribution", "heads", "mlp", "params_of", "path", "residual", "run",
+           "summary"]

@@ -1,8 +1,9 @@
 """Activation patching per head (``experiment="heads"``; :func:`attnprobe.patch.heads`).
 
-Follows the definition of methods.md §16 (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022;
-Heimersheim & Nanda 2024): two inputs of equal length, clean ``x`` and corrupted ``x̃``, and a
-scalar metric ``m``. **Denoising** runs ``x̃`` with one activation ``a`` — a head's output,
+Follows the definition in [causal methods](../guide/causal-methods.md#activation-patching)
+(Vig et al. 2020; Meng et al. 2022; Wang et al. 2022; Heimersheim & Nanda 2024): two inputs of
+equal length, clean ``x`` and corrupted ``x̃``, and a scalar metric ``m``. **Denoising** runs
+``x̃`` with one activation ``a`` — a head's output,
 pattern, q, k or v, at every position or at one — set to its value in the run on ``x``:
 ``effect = (m_patched − m(x̃)) / (m(x) − m(x̃))`` (what is *sufficient*). **Noising** runs ``x``
 with ``a`` from ``x̃``: ``effect = (m(x) − m_patched) / (m(x) − m(x̃))`` (what is *necessary*).
@@ -14,7 +15,9 @@ of every scoped layer once; then each forward runs the base input repeated for `
 layer where they can (:func:`~attnprobe.patch.units.chunks`), and the layers before it do
 not run again: they replay their outputs of the base run (:mod:`attnprobe.patch.late_tiling`).
 Only the layers a forward patches are in its capture scope: the others keep the model's fast
-attention (SDPA).
+attention (SDPA). Depths are counted by block calls, so a layer shared across depths (ALBERT)
+repeats from its patched depth; the shortcut's first patched forward is checked against the
+plain one (:meth:`~attnprobe.patch.late_tiling.LateTiling.confirm`).
 """
 
 from __future__ import annotations
@@ -134,13 +137,18 @@ def patch_heads(job: Job) -> pd.DataFrame:
 
         scope, parts, copies = Scope(layers=patch.layers), [rewriter(spec, fn)], len(chunk)
         first = min(patch.layers)
+        values = None  # [unit, example]
         if _late(job, late, runs, tensors, first, copies, recorded):
             replay = recorded if late.replays else None
             with late.from_layer(first, b, copies, replay):
                 output, _ = job.patched(base, scope, parts)
-        else:
+            values = job.measure(runs.metric, output, base, copies)
+        if values is None or late.confirmed is None:  # the plain way, or the shortcut's check
             output, _ = job.patched(tiled(base, copies), scope, parts)
-        values = job.measure(runs.metric, output, base, copies)  # [unit, example]
+            plain = job.measure(runs.metric, output, base, copies)
+            if values is not None:
+                late.confirm(values, plain)
+            values = plain
         width = 1 if params.positions == "all" else len(span_units(span)) // len(units)
         rows = []
         for k, unit in enumerate(chunk):

@@ -1,9 +1,10 @@
 """Attribution patching (``experiment="attribution"``; :func:`attnprobe.patch.attribution`) and
 its agreement with real activation patching (:func:`agreement`).
 
-Follows methods.md §16 (Nanda 2023, "Attribution patching"; Syed et al. 2023): the change a
-patch of activation ``a`` makes to the metric, to first order at the base run, is
-``m_patched − m_base ≈ Σ (a_other − a_base) · ∂m/∂a`` — evaluated at the corrupted run when
+Follows [causal methods](../guide/causal-methods.md#attribution-patching) (Nanda 2023,
+"Attribution patching"; Syed et al. 2023): the change a patch of activation ``a`` makes to the
+metric, to first order at the base run, is ``m_patched − m_base ≈ Σ (a_other − a_base) · ∂m/∂a``
+— evaluated at the corrupted run when
 denoising, at the clean run when noising. The sum runs over the head's ``d_head`` features
 (over the keys for ``pattern``) and, with ``positions="all"``, over the positions; one forward
 per input and **one backward** give every head (× position) at once. ``patched`` is the base
@@ -63,10 +64,9 @@ def patch_attribution(job: Job) -> pd.DataFrame:
         inputs = {"clean": clean, "corrupt": corrupt}
         width = clean["input_ids"].shape[1]
         metric = job.plan.build(job.pairs.index[span], width)
-        output, other = job.read(inputs[job.other], scope, (spec.tensor,))
+        other_output, other = job.read(inputs[job.other], scope, (spec.tensor,))
         if job.other == "clean":
-            metric = metric.fixed(output, clean)
-        values = {job.other: job.plan.values(metric, output, inputs[job.other])}
+            metric = metric.fixed(other_output, clean)
         # the metric too is computed with gradients, also when the caller is under no_grad
         with gradients_reach(job.model):
             output, base = job.read(inputs[job.base], scope, (spec.tensor,), grad=True)
@@ -80,7 +80,9 @@ def patch_attribution(job: Job) -> pd.DataFrame:
                                  "activations through the autograd graph (a callable metric "
                                  "that detaches?); attribution patching needs its gradient")
             grads = torch.autograd.grad(m.sum(), acts, allow_unused=True)
-        values[job.base] = job.plan.values(metric, output, inputs[job.base])
+        # read after the metric was fixed on the clean run: both runs score the clean answer
+        values = {job.other: job.plan.values(metric, other_output, inputs[job.other]),
+                  job.base: job.plan.values(metric, output, inputs[job.base])}
         rows = []
         for layer, act, grad in zip(layers, acts, grads, strict=True):
             if grad is None:

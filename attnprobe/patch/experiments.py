@@ -35,10 +35,11 @@ from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
 from attnprobe.core.checks import check_number
 from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.metric import Metric, MetricFn, Positions
+from attnprobe.core.positions import fit_positions
 from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.patch import activation, attribution_patching, paths  # noqa: F401
+from attnprobe.patch import activation, attribution_patching, paths, stream_patching  # noqa: F401
 from attnprobe.patch.job import EXPERIMENTS, Job
 from attnprobe.patch.pairs import MetricPlan, Pair, check_direction, prepare_pairs
 from attnprobe.patch.params import Params
@@ -71,10 +72,12 @@ def _check_model(model: Any) -> None:
 
 
 def _sites(experiment: str, params: Params) -> list[str]:
-    """The sites the experiment reads or rewrites."""
+    """The head sites the experiment reads or rewrites (residual, mlp: none, they hook the
+    model's blocks: :mod:`attnprobe.patch.stream`)."""
     if experiment == "path":
         return ["output", *params.into]  # type: ignore[attr-defined]
-    return [params.site]  # type: ignore[attr-defined]
+    site = getattr(params, "site", None)
+    return [] if site is None else [site]
 
 
 def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike,
@@ -104,8 +107,9 @@ def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Metr
         progress: a progress bar over the forwards.
         distributed: split the work over the ranks of an initialised ``torch.distributed``
             group; every rank returns the single-process table.
-        metric_positions: where a spec metric reads (``"last"``, ``"all"``, positions, one
-            list per example, or a bool mask ``[example, seq]``).
+        metric_positions: where a spec metric reads (``"last"``, ``"all"``, a position, a
+            list, one list per example, or a bool mask ``[example, seq]`` as wide as the
+            longest input; ``None``: the metric's default; :mod:`attnprobe.core.positions`).
         pairs: for ``metric="logit_diff"``, one ``(correct, wrong)`` pair per example.
         **options: the experiment's options (:func:`params_of`).
 
@@ -139,10 +143,13 @@ def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Metr
     check_served(model, _sites(spec.name, params), f"patch {spec.name}")
     found = prepare_pairs(model, tokenizer, clean, corrupt, truncation=truncation,
                           max_length=max_length)
+    metric_positions = fit_positions(metric_positions, found.input_lengths, "metric_positions")
     plan = MetricPlan(metric, tokenizer, metric_positions, pairs, found.n_inputs)
     job = Job(spec.name, model, tokenizer, found, plan, model_scope(model, scope), direction,
               params, batch_size, progress, distributed)
-    return spec.fn(job)
+    table = spec.fn(job)
+    table.attrs["metric_ids"] = plan.token_ids
+    return table
 
 
 def heads(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike, *,
@@ -152,7 +159,8 @@ def heads(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Me
           seed: int = 0, progress: bool = False, distributed: bool | None = None,
           max_length: int | None = None, metric_positions: Positions = "last",
           pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
-    """Activation patching of every scoped head (methods.md §16; module
+    """Activation patching of every scoped head
+    ([causal methods](../guide/causal-methods.md#activation-patching); module
     :mod:`attnprobe.patch.activation`): the base run (corrupted when denoising, clean when
     noising) with one head's ``site`` taken from the other run — batched, one patch per batch
     row. The shared arguments (``scope``, ``batch_size``, ``metric_positions``, ``pairs``
@@ -198,7 +206,8 @@ def path(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Met
          seed: int = 0, progress: bool = False, distributed: bool | None = None,
          max_length: int | None = None, metric_positions: Positions = "last",
          pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
-    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023; methods.md §16; module
+    """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023;
+    [causal methods](../guide/causal-methods.md#path-patching); module
     :mod:`attnprobe.patch.paths`): each sender head's output from the other run reaches only
     the receivers' ``into`` inputs; every other path is frozen at the base run. The other
     arguments are those of :func:`heads` and :func:`run`.
@@ -241,7 +250,8 @@ def attribution(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any,
                 seed: int = 0, progress: bool = False, distributed: bool | None = None,
                 max_length: int | None = None, metric_positions: Positions = "last",
                 pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
-    """Attribution patching (Nanda 2023; Syed et al. 2023; methods.md §16; module
+    """Attribution patching (Nanda 2023; Syed et al. 2023;
+    [causal methods](../guide/causal-methods.md#attribution-patching); module
     :mod:`attnprobe.patch.attribution_patching`): ``patched − base ≈ (a_other − a_base) ·
     ∂m/∂a`` at the base run, for every scoped head (× position) from one forward per input
     and one backward, normalised like :func:`heads`. :func:`attnprobe.patch.agreement` sets

@@ -65,6 +65,14 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.index)
 
+    @property
+    def input_lengths(self) -> list[int | None]:
+        """Tokens of each of the caller's ``n_inputs`` pairs as run (None: left out)."""
+        lengths: list[int | None] = [None] * self.n_inputs
+        for i, length in zip(self.index, self.lengths, strict=True):
+            lengths[i] = length
+        return lengths
+
     def encoded(self, model: nn.Module, tokenizer: Any, span: slice
                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Model inputs ``[batch, seq]`` of the clean and corrupted examples of ``span``
@@ -121,7 +129,7 @@ def _positions_for(positions: Positions, index: Sequence[int], width: int, n: in
         if rows.shape[1] < width:
             rows = torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
         return rows[:, :width]
-    if isinstance(positions, str) or isinstance(positions, torch.Tensor):
+    if positions is None or isinstance(positions, (str, torch.Tensor)):
         return positions
     items = list(positions)
     if items and all(isinstance(p, (list, tuple)) for p in items):
@@ -144,8 +152,9 @@ class MetricPlan:
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.spec, str) and (self.positions != "last"
-                                               or self.pairs is not None):
+        default = self.positions is None or (isinstance(self.positions, str)
+                                             and self.positions == "last")
+        if not isinstance(self.spec, str) and (not default or self.pairs is not None):
             raise InputError("metric_positions and pairs go with a metric spec string; a "
                              "Metric or a callable chooses its positions itself")
         if self.pairs is not None and len(self.pairs) != self.n:
@@ -155,10 +164,18 @@ class MetricPlan:
 
     @property
     def name(self) -> str:
-        """The metric as written into the table."""
+        """The metric as written into the table: its tokens resolved, and a metric of the
+        input's next token read at the clean run's (``logit:next(clean)``)."""
         if isinstance(self.spec, str):
-            return self.spec.strip()
+            return self.build(range(min(self.n, 1)), 1, check_only=True).named_for("clean")
         return parse_metric(self.spec).spec
+
+    @property
+    def token_ids(self) -> dict[str, int]:
+        """The ids of the tokens the spec names (``{"ĠParis": 6342, ...}``)."""
+        if isinstance(self.spec, str):
+            return self.build(range(min(self.n, 1)), 1, check_only=True).token_ids
+        return {}
 
     def build(self, index: Sequence[int], width: int, *, check_only: bool = False) -> Metric:
         """The metric for the examples ``index`` (caller positions) padded to ``width``."""

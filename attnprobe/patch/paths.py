@@ -1,8 +1,9 @@
 """Path patching (``experiment="path"``; :func:`attnprobe.patch.path`).
 
-Follows methods.md §16 (Wang et al. 2022, IOI; Goldowsky-Dill et al. 2023): a sender head's
-output from the other run reaches *only* the chosen input (``q``, ``k`` and/or ``v``) of the
-receiver heads; every other path is frozen at the run being patched (the base run: corrupted
+Follows [causal methods](../guide/causal-methods.md#path-patching) (Wang et al. 2022, IOI;
+Goldowsky-Dill et al. 2023): a sender head's output from the other run reaches *only* the
+chosen input (``q``, ``k`` and/or ``v``) of the receiver heads; every other path is frozen at
+the run being patched (the base run: corrupted
 when denoising, clean when noising). Three runs per patch:
 
 A. the clean and corrupted runs (once per batch of examples) keep every head's output z of
@@ -30,8 +31,6 @@ models).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.patch.activation import POSITIONS
+from attnprobe.patch.frozen_mlps import MlpDepths
 from attnprobe.patch.job import Job, register_experiment
 from attnprobe.patch.pairs import DIRECTIONS
 from attnprobe.patch.params import Params, option
@@ -72,42 +72,15 @@ class PathParams(Params):
                       "every scoped head at once", choices=PER)
 
 
-def _mlps(model: Any, below: int) -> dict[int, torch.nn.Module]:
-    """The MLP modules of the layers before ``below`` (none for attention-only models)."""
+def _mlps(model: Any) -> MlpDepths:
+    """The MLP of every depth (none for attention-only models)."""
     try:
         found = anatomy(model)
     except InputError as exc:
         raise InputError(f"path patching freezes every other component at the base run, so "
                          f"it needs a pre-norm residual stream: {exc}") from None
-    return {layer.index: layer.mlp for layer in found.layers
-            if layer.index < below and layer.mlp is not None}
-
-
-@contextmanager
-def _reading(mlps: dict[int, torch.nn.Module], store: dict[int, torch.Tensor]
-             ) -> Iterator[None]:
-    """Forward hooks that keep each MLP's output ``[batch, seq, d_model]`` in ``store``."""
-    with ExitStack() as stack:
-        for layer, module in mlps.items():
-            def keep(module: Any, args: Any, output: Any, layer: int = layer) -> None:
-                store[layer] = output.detach()
-            stack.callback(module.register_forward_hook(keep).remove)
-        yield
-
-
-@contextmanager
-def _frozen(mlps: dict[int, torch.nn.Module], values: dict[int, torch.Tensor], copies: int
-            ) -> Iterator[None]:
-    """Forward hooks that replace each MLP's output by ``values`` repeated ``copies`` times."""
-    with ExitStack() as stack:
-        for layer, module in mlps.items():
-            fixed = values[layer].repeat(copies, *[1] * (values[layer].ndim - 1))
-
-            def freeze(module: Any, args: Any, output: Any,
-                       fixed: torch.Tensor = fixed) -> torch.Tensor:
-                return fixed.to(output.dtype)
-            stack.callback(module.register_forward_hook(freeze).remove)
-        yield
+    return MlpDepths(model, {layer.index: layer.mlp for layer in found.layers
+                             if layer.mlp is not None})
 
 
 @register_experiment("path", PathParams)
@@ -124,13 +97,13 @@ def patch_path(job: Job) -> pd.DataFrame:
     if not any(layer < last for layer in senders.layers_in(n_layers)):
         raise InputError(f"no sender of {senders} lies in a layer before the last receiver "
                          f"layer ({last}): a sender reaches only later layers")
-    mlps = _mlps(job.model, last)  # before any forward: a model without a plain residual
+    mlps = _mlps(job.model)  # before any forward: a model without a plain residual
     kept: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
 
     def hooks(span: slice, name: str) -> Any:
         if not any(key[0] == span.start for key in kept):
             kept.clear()
-        return _reading(mlps, kept.setdefault((span.start, name), {}))
+        return mlps.reading(kept.setdefault((span.start, name), {}), last)
 
     spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
     tensors = tuple(dict.fromkeys(("z", "q", *params.into)))
@@ -190,7 +163,7 @@ def patch_path(job: Job) -> pd.DataFrame:
 
 
 def _run_b(job: Job, runs: Any, chunk: list[Unit], inputs: dict[str, torch.Tensor],
-           scope: Scope, params: PathParams, mlps: dict[int, torch.nn.Module],
+           scope: Scope, params: PathParams, mlps: MlpDepths,
            mlp_values: dict[int, torch.Tensor], last: int
            ) -> dict[str, dict[int, torch.Tensor]] | None:
     """Run B (module docstring): the receivers' inputs per name and layer ``[rows, head,
@@ -208,7 +181,7 @@ def _run_b(job: Job, runs: Any, chunk: list[Unit], inputs: dict[str, torch.Tenso
         return patch.apply(layer, z, other_z[layer])  # ... but the senders
 
     parts = [rewriter(site_spec("output"), senders_only), *readers(params.into)]
-    with _frozen(mlps, mlp_values, copies):
+    with mlps.frozen(mlp_values, copies):
         _, cap = job.patched(inputs, scope, parts, stop_early=True)
     if cap is None:
         return None

@@ -117,3 +117,45 @@ def test_help_names_the_experiments_of_each_option_once(capsys, command):
         assert f"/{name}: {name}:" not in flat, name
     assert all(not f.metadata["help"].startswith(f"{name}:")
                for name in EXPERIMENTS.names() for f in fields(params_of(name)))
+
+
+@pytest.mark.parametrize("stream", ["resid_pre", "resid_mid"])
+def test_residual_equals_the_python_table_and_prints_intervals(tmp_path, capsys, stream):
+    import attnprobe as ap
+
+    out = tmp_path / "resid.csv"
+    code, printed, err = run(["patch", *MODEL, "--experiment", "residual", "--stream", stream,
+                              *PAIR, "--clean", CLEAN.replace("t01", "t11", 1), "--corrupt",
+                              CORRUPT, "--ci", "0.9", "--n-boot", "50", "--seed", "4",
+                              "--out", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out, dtype={"example_id": str})
+    model, tok = ap.load_model("ref:induction")
+    want = ap.patch.residual(model, tok, [CLEAN, CLEAN.replace("t01", "t11", 1)],
+                             [CORRUPT, CORRUPT], "logit:next", stream=stream,
+                             metric_positions=[6, 7, 8])
+    assert tuple(table.columns) == COLUMNS and len(table) == len(want) == 2 * 2 * 10
+    assert set(table["site"]) == {stream} and table["head"].isna().all()
+    assert list(table["layer"]) == list(want["layer"])
+    assert list(table["position"]) == list(want["position"])
+    # the CSV keeps 17 significant digits: the same floats
+    assert (table["patched"].to_numpy() == want["patched"].to_numpy()).all()
+    header = next(line for line in printed.splitlines() if "effect" in line and "ci_low" in line)
+    assert "ci_high" in header
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--experiment", "mlp", *PAIR], "no MLP (attention-only)"),
+    (["--experiment", "heads", *PAIR, "--stream", "resid_mid"],
+     "--stream applies to --experiment residual, not heads"),
+    (["--experiment", "residual", *PAIR, "--stream", "mlp_out"], "unknown stream 'mlp_out'"),
+    (["--experiment", "residual", *PAIR, "--scope", "head:0.1"], "covers whole layers"),
+    (["--experiment", "residual", *PAIR, "--ci", "1.5"], "ci is a confidence level"),
+])
+def test_residual_and_mlp_refusals_are_one_line(tmp_path, capsys, argv, message):
+    code, _printed, err = run(["patch", *MODEL, *argv, "--out", str(tmp_path / "t.csv")],
+                             capsys)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("attnprobe: error:") and message in last, err
+    assert not (tmp_path / "t.csv").exists()

@@ -77,5 +77,11 @@ def patched_one(model, base, other, site: str, layer: int, head: int, position=N
     return out
 
 
-def metric_values(spec, tokenizer, output, inputs, positions="last") -> torch.Tensor:
-    return parse_metric(spec, tokenizer, positions=positions)(output, inputs).double()
+def metric_values(spec, tokenizer, output, inputs, positions="last", answers=None
+                  ) -> torch.Tensor:
+    """``spec`` on ``output``; a metric of the next token reads ``answers``' next tokens (the
+    clean batch: patching scores the clean answer in every run), else ``inputs``'."""
+    metric = parse_metric(spec, tokenizer, positions=positions)
+    if answers is not None:
+        metric = metric.fixed(output, answers)
+    return metric(output, inputs).double()

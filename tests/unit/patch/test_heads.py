@@ -66,7 +66,7 @@ def test_batched_patches_equal_one_patched_forward_at_a_time(models, name, direc
             assert heads == [0, 1], site  # grouped-query: the key/value heads
         for head in heads:
             out = patched_one(model, base, other, site, 1, head)
-            want = metric_values(spec, tok, out, base, where).numpy()
+            want = metric_values(spec, tok, out, base, where, batch_of(clean)).numpy()
             got = table[table["head"] == head].sort_values("example_id")["patched"].to_numpy()
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=site)
 
@@ -82,7 +82,8 @@ def test_each_position_equals_one_patched_forward_at_that_position(models, site)
     for (head, position), rows in table.groupby(["head", "position"]):
         out = patched_one(model, batch_of(corrupt), batch_of(clean), site, 0, head,
                           int(position))
-        want = metric_values("logit:next", tok, out, batch_of(corrupt), [3]).numpy()
+        want = metric_values("logit:next", tok, out, batch_of(corrupt), [3],
+                             batch_of(clean)).numpy()
         np.testing.assert_allclose(rows.sort_values("example_id")["patched"], want,
                                    atol=1e-5, rtol=1e-5)
 
@@ -148,7 +149,7 @@ def test_the_table_has_the_documented_columns_and_types(induction):
     assert list(table.columns) == list(ap.patch.COLUMNS)
     assert str(table["layer"].dtype) == "int64" and str(table["head"].dtype) == "int64"
     assert str(table["position"].dtype) == "Int64" and table["position"].isna().all()
-    assert set(table["experiment"]) == {"heads"} and set(table["metric"]) == {"logit:next"}
+    assert set(table["experiment"]) == {"heads"} and set(table["metric"]) == {"logit:next(clean)"}
     assert list(table["example_id"][:4]) == ["0", "1", "2", "3"]
     assert callable(table._repr_html_)
 

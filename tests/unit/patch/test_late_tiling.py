@@ -58,8 +58,10 @@ def test_layers_before_the_patched_one_see_the_examples_once(name):
     late = LateTiling(model)
     assert late.checked is True and late.replays is True
     # the clean/corrupted runs, the checks (2 examples once) and the patches (4 heads x 2
-    # examples in one forward): layer 0 never sees more than the 2 examples
-    assert max(first) == 2 and max(second) == 8
+    # examples in one forward) see the 2 examples at layer 0; only the one-time check of the
+    # first patched forward against the inputs repeated runs 8 rows through it
+    assert first == [2, 2, 2, 2, 2, 8] and max(second) == 8
+    assert late.confirmed is True
     runs = []
     handle = runs_of(blocks[0], runs)
     try:
@@ -106,7 +108,7 @@ def test_every_head_of_every_layer_equals_one_patched_forward_at_a_time(name):
     for (layer, head), rows in table.groupby(["layer", "head"]):
         out = patched_one(model, base, other, "output", int(layer), int(head))
         want = first_state(out, base) if name == "bert" else \
-            metric_values("logit:next", tok, out, base, "all")
+            metric_values("logit:next", tok, out, base, "all", other)
         np.testing.assert_allclose(rows.sort_values("example_id")["patched"],
                                    want.double().numpy(), atol=1e-5, rtol=1e-5,
                                    err_msg=f"L{layer}H{head}")
@@ -152,11 +154,14 @@ def test_a_model_the_replay_gets_wrong_is_caught_and_runs_its_early_layers(monke
     pd.testing.assert_frame_equal(table, expected, check_exact=False, atol=1e-5, rtol=1e-5)
 
 
-def test_models_whose_layers_are_not_one_list_of_distinct_modules_are_left_alone():
+def test_models_whose_layers_are_not_items_of_one_list_are_left_alone():
     model, _tok = ap.load_model("ref:llama")
     shared = track(copy.deepcopy(model))
-    shared.blocks[1] = shared.blocks[0]  # one module run twice
-    assert blocks_of(shared) is None and LateTiling(shared).usable is False
+    shared.blocks[1] = shared.blocks[0]  # one module at two depths: counted by its calls
+    assert blocks_of(shared) == {0: shared.blocks[0], 1: shared.blocks[0]}
     outside = track(copy.deepcopy(model))
     outside.blocks = torch.nn.Sequential(*outside.blocks)  # not a ModuleList
-    assert blocks_of(outside) is None
+    assert blocks_of(outside) is None and LateTiling(outside).usable is False
+    empty = track(copy.deepcopy(model))
+    empty.blocks.append(torch.nn.Identity())  # an item holding no attention
+    assert blocks_of(empty) is None

@@ -16,7 +16,8 @@ SHARED = {"batch_size": 16, "truncation": "error", "seed": 0, "progress": False,
 
 
 @pytest.mark.parametrize("fn", [ap.patch.heads, ap.patch.path, ap.patch.attribution,
-                                ap.patch.run], ids=lambda fn: fn.__name__)
+                                ap.patch.residual, ap.patch.mlp, ap.patch.run],
+                         ids=lambda fn: fn.__name__)
 def test_experiments_share_the_corpus_options(fn):
     params = inspect.signature(fn).parameters
     assert list(params)[:5] == ["model", "tokenizer", "clean", "corrupt", "metric"]
@@ -34,4 +35,4 @@ def test_the_package_loads_on_first_use_and_names_no_submodule():
     modules = {m.name for m in pkgutil.iter_modules(ap.patch.__path__)}
     assert not set(ap.patch.__all__) & modules
     assert callable(ap.patch.heads) and set(ap.patch.EXPERIMENTS) == {
-        "attribution", "heads", "path"}
+        "attribution", "heads", "mlp", "path", "residual"}

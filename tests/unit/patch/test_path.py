@@ -78,7 +78,8 @@ def test_every_layer0_head_into_layer1_qkv_is_activation_patching_of_layer1(dire
     table = ap.patch.path(model, tok, clean, corrupt, spec, senders="layer:0",
                           receivers="layer:1", into=("q", "k", "v"), per="scope",
                           direction=direction, metric_positions="all")
-    want = metric_values(spec, tok, layer1_patched(model, base, other), base, "all").numpy()
+    want = metric_values(spec, tok, layer1_patched(model, base, other), base, "all",
+                         batch_of(clean)).numpy()
     np.testing.assert_allclose(table.sort_values("example_id")["patched"], want, atol=1e-5,
                                rtol=1e-5)
     moved = np.abs(table["patched"].to_numpy() - table[
@@ -150,7 +151,7 @@ def _injected(model, base, other, head, into, spec, tok, receiver):
     with torch.no_grad(), ap.capture(model, f"layer:{receiver}", parts=[
             edit(lambda layer, t: recorded.clone())]):
         out = model(**base)
-    return metric_values(spec, tok, out, base, "all").numpy()
+    return metric_values(spec, tok, out, base, "all", other).numpy()  # denoising: other clean
 
 
 def test_previous_token_heads_act_through_the_induction_heads_keys():
