@@ -22,11 +22,11 @@ Tables:
   precision@k (k = number of decisive tokens), share of importance mass on them, AUROC — mean
   ± std over examples that have at least one decisive and one other token (for ``contains``
   that is the positives only: a negative has no decisive token, see the keytoken docstring).
-- ``jain_wallace``: Jain & Wallace 2019, Table 2 for these models — per instance Kendall τ between the
-  attention and the gradient (input × gradient, J&W's ``XxE[X]``) and between the attention and
-  leave-one-out, plus gradient vs leave-one-out; mean ± std over instances and the fraction
-  with p ≤ 0.05, over all explained examples; ``jain_wallace_by_class`` adds the same per
-  class (``label`` "all", "0", "1").
+- ``jain_wallace``: Jain & Wallace 2019, Table 2 for these models — per instance Kendall τ
+  between the attention and the gradient (input × gradient, J&W's ``XxE[X]``) and between the
+  attention and leave-one-out, plus gradient vs leave-one-out; mean ± std over instances and the
+  fraction with p ≤ 0.05, over all explained examples; ``jain_wallace_by_class`` adds the same
+  per class (``label`` "all", "0", "1").
 - ``truth_wide``: the means of ``truth``, one row per source; ``agreement`` /
   ``truth_examples``: the per-example rows behind the summaries; ``training``: accuracies and
   times; ``skipped``: examples a metric could not score (e.g. a constant importance vector has

@@ -58,7 +58,8 @@ FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Every threshold of the rules (module docstring); defaults from the published head-pattern studies (Clark et al. 2019; Kovaleva et al. 2019).
+    """Every threshold of the rules (module docstring); defaults from the
+    published head-pattern studies (Clark et al. 2019; Kovaleva et al. 2019).
 
     The sink-free rules (previous, next, self, offset, collapsed, broad, and the copying
     rules on corpus evidence) read the ``*_nosink`` scores or need ``min_rest``: the head is

@@ -1,4 +1,5 @@
-"""Label each head from its scores with explicit, configurable rules (Clark et al. 2019; Kovaleva et al. 2019).
+"""Label each head from its scores with explicit, configurable rules (Clark et al. 2019;
+Kovaleva et al. 2019).
 
 The input is the wide per-head score table (index columns ``stack, kind, layer, head,
 head_id``, one column per score). Every label is a :class:`LabelRule` in :data:`RULES`: its
@@ -23,18 +24,19 @@ the positional, collapsed and broad rules read the ``*_nosink`` scores
 else fires on the remaining mass; otherwise ``sink`` is listed in ``also`` (a head with 70 % on
 the first token and 30 % on the previous token is ``previous``, also ``sink``).
 
-This is the precedence of the head-pattern literature (special/sink > positional > broad > syntactic > heterogeneous;
-Clark's overwrite order made explicit) with Kovaleva's vertical+diagonal and block classes
-and the repeated-token induction/duplicate scores slotted in after the positional labels, and
-two deliberate changes. ``sink`` moves from first to last, as above. And that order puts
-``collapsed`` first, but a perfect previous-token head is one-hot too, and calling it
-"collapsed" would hide what it does. So ``collapsed`` (near-zero sink-free entropy) names
-one-hot attention *without* a consistent target; when the target is a fixed offset, that label
-wins and ``collapsed`` is listed in ``also``; a head one-hot on a sink key has no mass left to
-collapse and is ``sink``. ``heterogeneous`` is the fallback when no rule fires (Kovaleva's
-class). A new label is one ``@rule("name", rank=..., family=..., colour=...)`` function (or
-``RULES.add(LabelRule(...))``) in any module: its place in the precedence, its family, its
-share in ``layer_profile`` and its colour in the reports all follow from that one entry.
+This is the precedence of the head-pattern literature (special/sink > positional > broad >
+syntactic > heterogeneous; Clark's overwrite order made explicit) with Kovaleva's
+vertical+diagonal and block classes and the repeated-token induction/duplicate scores slotted in
+after the positional labels, and two deliberate changes. ``sink`` moves from first to last, as
+above. And that order puts ``collapsed`` first, but a perfect previous-token head is one-hot
+too, and calling it "collapsed" would hide what it does. So ``collapsed`` (near-zero sink-free
+entropy) names one-hot attention *without* a consistent target; when the target is a fixed
+offset, that label wins and ``collapsed`` is listed in ``also``; a head one-hot on a sink key
+has no mass left to collapse and is ``sink``. ``heterogeneous`` is the fallback when no rule
+fires (Kovaleva's class). A new label is one ``@rule("name", rank=..., family=..., colour=...)``
+function (or ``RULES.add(LabelRule(...))``) in any module: its place in the precedence, its
+family, its share in ``layer_profile`` and its colour in the reports all follow from that one
+entry.
 
 Defaults (:class:`Thresholds`):
 

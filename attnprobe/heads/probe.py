@@ -1,12 +1,12 @@
 """Previous-token, duplicate-token and induction heads on repeated random tokens.
 
-The probe (TransformerLens demos; Olsson et al. 2022, induction and duplicate-token scores): random tokens
-``x_1..x_m`` repeated, ``x_1..x_m x_1..x_m``, inside the tokenizer's own template — what
-``tokenizer(text)`` adds around a text (:func:`~attnprobe.core.tokens.special_template`):
+The probe (TransformerLens demos; Olsson et al. 2022, induction and duplicate-token scores):
+random tokens ``x_1..x_m`` repeated, ``x_1..x_m x_1..x_m``, inside the tokenizer's own template
+— what ``tokenizer(text)`` adds around a text (:func:`~attnprobe.core.tokens.special_template`):
 ``[CLS] … [SEP]`` for BERT, ``<s> …`` for LLaMA, nothing for GPT-2, ``[BOS] …`` for attnprobe's
 word tokenizer. On such input the token-match statistics are exactly the published diagonals:
-duplicate = A[i, i-m], induction = A[i, i-m+1], and for encoders the look-ahead analogues
-A[i, i+m] and A[i, i+m+1] (special keys excluded and the row renormalised).
+duplicate = A[i, i-m], induction = A[i, i-m+1], and for encoders the look-ahead analogues A[i,
+i+m] and A[i, i+m+1] (special keys excluded and the row renormalised).
 
 The tokens are drawn from the tokenizer's *ordinary* tokens: no special token, no unknown
 token, no ``[unused]``-style placeholder, no punctuation and no blank token.

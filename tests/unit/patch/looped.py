@@ -309,3 +309,12 @@ def kv_slice(attn: Attention, head: int) -> slice:
     """The value features of query head ``head``'s key/value head."""
     kv = head // (attn.n_heads // attn.n_kv)
     return slice(kv * attn.d_head, (kv + 1) * attn.d_head)
+
+
+BUILDERS = {"albert": albert, "looped_llama": looped_llama}
+A, B = "w10", "w11"  # the metric of the tests: logit(A) - logit(B)
+
+
+def masked(model: Looped) -> bool:
+    """Whether the model is the masked LM (ALBERT), which reads the metric at its mask."""
+    return "Albert" in type(model.model).__name__

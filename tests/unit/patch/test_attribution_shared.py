@@ -11,23 +11,18 @@ import torch
 
 import attnprobe as ap
 from tests.unit.patch.looped import (
+    BUILDERS,
     CLEAN,
     CORRUPT,
     TOL,
+    A,
+    B,
     Looped,
-    albert,
     inputs,
-    looped_llama,
+    masked,
     on_call,
     read_run,
 )
-
-BUILDERS = {"albert": albert, "looped_llama": looped_llama}
-A, B = "w10", "w11"
-
-
-def masked(model: Looped) -> bool:
-    return "Albert" in type(model.model).__name__
 
 
 def metric_of(model: Looped, output) -> torch.Tensor:

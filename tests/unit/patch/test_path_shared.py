@@ -13,14 +13,14 @@ from tests.unit.patch.looped import (
     CLEAN,
     CORRUPT,
     TOL,
+    A,
+    B,
     Looped,
     gpt_oss,
     inputs,
     looped_llama,
     path_patched,
 )
-
-A, B = "w10", "w11"
 
 
 def metric_of(model: Looped, output) -> np.ndarray:

@@ -17,20 +17,21 @@ from attnprobe.patch import late_tiling
 from attnprobe.patch.late_tiling import LateTiling
 from tests.helpers import run_cli
 from tests.unit.patch.looped import (
+    BUILDERS,
     CLEAN,
     CORRUPT,
     TOL,
+    A,
+    B,
     Looped,
     albert,
     inputs,
-    looped_llama,
+    masked,
     patched_at,
     read_run,
 )
 
-BUILDERS = {"albert": albert, "looped_llama": looped_llama}
 SITES = ("output", "q", "k", "v", "pattern")
-A, B = "w10", "w11"  # the metric: logit(A) - logit(B)
 
 
 def metric_of(model: Looped, output) -> np.ndarray:
@@ -39,9 +40,6 @@ def metric_of(model: Looped, output) -> np.ndarray:
     logits = output.logits[:, 2 if masked(model) else -1]
     return (logits[:, ids[0]] - logits[:, ids[1]]).double().numpy()
 
-
-def masked(model: Looped) -> bool:
-    return "Albert" in type(model.model).__name__
 
 
 def options(model: Looped) -> dict:

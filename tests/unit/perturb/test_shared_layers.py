@@ -11,25 +11,22 @@ import torch
 
 import attnprobe as ap
 from tests.unit.patch.looped import (
+    BUILDERS,
     CLEAN,
     CORRUPT,
     TOL,
+    A,
+    B,
     Looped,
-    albert,
     head_replaced,
     inputs,
     kv_slice,
-    looped_llama,
+    masked,
     patterns,
 )
 
-BUILDERS = {"albert": albert, "looped_llama": looped_llama}
-A, B = "w10", "w11"
 KEY = 1  # the knockout blocks every query's edge to this key (but its own)
 
-
-def masked(model: Looped) -> bool:
-    return "Albert" in type(model.model).__name__
 
 
 def metric_of(model: Looped, output) -> np.ndarray:
