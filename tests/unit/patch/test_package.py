@@ -34,5 +34,6 @@ def test_the_package_loads_on_first_use_and_names_no_submodule():
     assert fresh_python(code) == "False"
     modules = {m.name for m in pkgutil.iter_modules(ap.patch.__path__)}
     assert not set(ap.patch.__all__) & modules
-    assert callable(ap.patch.heads) and set(ap.patch.EXPERIMENTS) == {
+    # the documented core is registered (an invariant, not a copy of the registry)
+    assert callable(ap.patch.heads) and set(ap.patch.EXPERIMENTS) >= {
         "attribution", "heads", "mlp", "path", "residual"}
