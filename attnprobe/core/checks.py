@@ -7,7 +7,7 @@ from typing import Any
 
 from attnprobe.errors import InputError
 
-__all__ = ["check_number", "check_positive_ints"]
+__all__ = ["check_eval", "check_number", "check_positive_ints"]
 
 
 def check_number(name: str, value: Any, *, integer: bool, minimum: float,
@@ -31,3 +31,11 @@ def check_positive_ints(owner: str, **values: int | None) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise InputError(f"{owner}: {name} must be a positive integer; got {value!r}")
+
+
+def check_eval(model: Any) -> None:
+    """Refuse a model in training mode: dropout would make every patched, perturbed or
+    attributed number random. Shared by patching, perturbations and logit attribution."""
+    if any(m.training for m in model.modules()):
+        raise InputError("the model is in training mode (dropout makes every number random): "
+                         "call model.eval()")

@@ -53,6 +53,7 @@ from attnprobe.capture.text import (
     prepare_corpus,
 )
 from attnprobe.core import html_view
+from attnprobe.core.checks import check_eval
 from attnprobe.core.display import counted, describe, grid
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.metric import Metric, Positions, positions_mask
@@ -63,7 +64,6 @@ from attnprobe.heads.logit_inputs import (
     DEFAULT_POSITIONS,
     MetricRequest,
     Pair,
-    check_eval,
     metric_request,
     renamed_positions,
 )

@@ -30,19 +30,11 @@ from attnprobe.core.metric import Metric, Positions, parse_metric
 from attnprobe.core.positions import fit_positions
 from attnprobe.errors import InputError
 
-__all__ = ["DEFAULT_POSITIONS", "MetricRequest", "Pair", "check_eval", "metric_request",
+__all__ = ["DEFAULT_POSITIONS", "MetricRequest", "Pair", "metric_request",
            "renamed_positions"]
 
 Pair = tuple[str | int, str | int]
 DEFAULT_POSITIONS = "last"
-
-
-def check_eval(model: nn.Module) -> None:
-    """Refuse a model in training mode, as patching and perturbations do (dropout would make
-    the components miss the logits by a random amount)."""
-    if any(m.training for m in model.modules()):
-        raise InputError("the model is in training mode (dropout makes every number random): "
-                         "call model.eval()")
 
 
 def renamed_positions(metric_positions: Positions | None, positions: Positions | None

@@ -32,7 +32,7 @@ from torch import nn
 
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
-from attnprobe.core.checks import check_number
+from attnprobe.core.checks import check_eval, check_number
 from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.metric import Metric, MetricFn, Positions
 from attnprobe.core.positions import fit_positions
@@ -66,9 +66,7 @@ def params_of(experiment: str) -> type[Params]:
 def _check_model(model: Any) -> None:
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be a torch module; got {type(model).__name__}")
-    if any(m.training for m in model.modules()):
-        raise InputError("the model is in training mode (dropout makes every number random): "
-                         "call model.eval()")
+    check_eval(model)
 
 
 def _sites(experiment: str, params: Params) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from attnprobe.capture.text import max_length_of, token_lengths
+from attnprobe.core.checks import check_eval
 from attnprobe.core.options import option_flag
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
@@ -73,9 +74,7 @@ def check_model(model: Any, output: Any) -> None:
         raise InputError(one_of("output", output, OUTPUTS))
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be a torch module; got {type(model).__name__}")
-    if any(m.training for m in model.modules()):
-        raise InputError("the model is in training mode (dropout makes every number random): "
-                         "call model.eval()")
+    check_eval(model)
 
 
 def reads_target(experiment: str, **options: Any) -> bool:
