@@ -27,15 +27,20 @@ import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from attnprobe.capture.length_limit import NO_LIMIT, max_length_of, token_limit
 from attnprobe.capture.token_ids import Text, TokenIds, check_inputs, input_vocab_size
+from attnprobe.core.corpus_options import (
+    DEFAULT_BATCH_SIZE,
+    TRUNCATIONS,
+    Truncation,
+    truncation_mode,
+)
 from attnprobe.core.display import counted, describe
-from attnprobe.core.registry import one_of
 from attnprobe.core.tokens import has_pair_template, special_ids
 from attnprobe.errors import InputError
 
@@ -66,22 +71,6 @@ __all__ = [
     "token_rows",
     "truncation_mode",
 ]
-
-DEFAULT_BATCH_SIZE = 16  # texts per forward, the same default for every corpus analysis
-Truncation = Literal["error", "cut", "skip"] | bool
-TRUNCATIONS = ("error", "cut", "skip")
-
-
-def truncation_mode(value: Truncation) -> str:
-    """``"error"``, ``"cut"`` or ``"skip"`` (``False`` / ``True`` mean error / cut)."""
-    if value is False:
-        return "error"
-    if value is True:
-        return "cut"
-    if value not in TRUNCATIONS:
-        raise InputError(one_of("truncation", value, TRUNCATIONS))
-    return value  # type: ignore[return-value]
-
 
 def check_texts(texts: Sequence[str] | str) -> list[str]:
     """A non-empty list of non-empty strings (a sentence pair needs text on both sides), for
