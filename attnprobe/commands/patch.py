@@ -4,14 +4,14 @@ with a clean and a corrupted input per example."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from attnprobe.capture.text import Text
 from attnprobe.commands.common import (
-    corpus_options,
+    corpus_of,
     distributed_group,
     experiment_type,
     ids_value,
@@ -24,10 +24,14 @@ from attnprobe.commands.common import (
     write_table,
     wrote,
 )
+from attnprobe.core.experiments import experiment_lines
 from attnprobe.core.files import check_outputs
-from attnprobe.core.options import CliOption, registered_options
+from attnprobe.core.metric_kind import metric_help
+from attnprobe.core.options import CliOption, option_flag, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
 from attnprobe.errors import AttnProbeError
+from attnprobe.inputs.text import Text
+from attnprobe.patch.job import EXPERIMENTS
 
 PATCH_EXAMPLE = """examples:
   attnprobe patch --model ./my-lm --experiment heads --clean "The Eiffel Tower is in" \\
@@ -46,13 +50,10 @@ PATCH_EXAMPLE = """examples:
   attnprobe patch --model ./my-lm --experiment mlp --clean-file clean.txt \\
       --corrupt-file corrupt.txt --metric "logit_diff:Paris,Rome" --out mlp.csv
 
-Experiments: heads (activation patching: each head's --site taken from the other run), path
-(path patching: each sender's output reaches only the --receivers' --into inputs; every other
-path frozen), attribution (attribution patching: the gradient estimate of heads from two
-forwards and one backward; --compare also runs heads and prints their correlation),
-residual (the residual stream of each layer x position from the other run: --stream
-resid_pre entering the block, resid_mid after attention (pre-norm models), resid_post leaving
-it), mlp (each MLP's output per layer x position; pre-norm models).
+experiments:
+{experiments}
+--compare (with {estimators}) also runs the experiment it estimates and prints their
+correlation.
 --direction denoising runs the corrupted input with clean activations (what is sufficient),
 noising the clean input with corrupted ones (what is necessary). effect = (patched - corrupt)
 / (clean - corrupt) when denoising, (clean - patched) / (clean - corrupt) when noising: 1 when
@@ -71,9 +72,22 @@ effect with its bootstrap interval over the examples (--n-boot draws, seeded by 
 
 
 def _options() -> list[CliOption]:
-    from attnprobe.patch import EXPERIMENTS
-
     return registered_options(EXPERIMENTS.values())
+
+
+def _estimators() -> list[str]:
+    """The experiments ``--compare`` applies to: those that estimate another one."""
+    return [spec.name for spec in EXPERIMENTS.values() if spec.params.estimates]
+
+
+def _scope_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``--scope`` cannot be given to this experiment (its heads come from other flags)."""
+    spec = EXPERIMENTS.get(args.experiment)
+    if not args.scope or not spec.params.instead_of_scope:
+        return None
+    flags = {f.name: option_flag(f.name, f.metadata) for f in fields(spec.params)}
+    named = " and ".join(flags[name] for name in spec.params.instead_of_scope)
+    return f"--experiment {spec.name} takes {named}, not --scope"
 
 
 def _side(args: argparse.Namespace, side: str) -> list[Text]:
@@ -111,27 +125,25 @@ def cmd_patch(args: argparse.Namespace) -> int:
     table_path(args.out, "--out")
     check_outputs([("--out", out)], inputs=[(f"--{s}-file", getattr(args, f"{s}_file"))
                                             for s in ("clean", "corrupt")])
-    if args.compare and args.experiment != "attribution":
-        raise AttnProbeError("--compare applies to --experiment attribution")
+    estimated = EXPERIMENTS.get(args.experiment).params.estimates
+    if args.compare and estimated is None:
+        raise AttnProbeError(f"--compare applies to --experiment {'/'.join(_estimators())}")
     if args.ci is not None:
         check_ci(args.ci, args.n_boot, args.seed)  # before loading the model
     keywords = option_keywords(args, _options(), args.experiment)
-    if args.scope and args.experiment == "path":
-        raise AttnProbeError("--experiment path takes --senders and --receivers, not --scope")
+    refusal = _scope_refusal(args)
+    if refusal is not None:
+        raise AttnProbeError(refusal)
     clean, corrupt = _side(args, "clean"), _side(args, "corrupt")
     model, tokenizer = load_model(args.model)
-    options = corpus_options(args)
-    if args.experiment == "path":
-        options.pop("scope")
     with distributed_group(args.distributed) as (rank, world):
+        corpus = corpus_of(args, world=world)  # every head unless --scope (refused above)
         table = run(model, tokenizer, clean, corrupt, args.metric, args.experiment,
-                    metric_positions=args.metric_positions, max_length=args.max_length,
-                    distributed=world > 1, **options, **keywords)
+                    corpus=corpus, metric_positions=args.metric_positions, **keywords)
         real = None
         if args.compare:  # the same options: site, positions and direction mean the same
-            real = run(model, tokenizer, clean, corrupt, args.metric, "heads",
-                       metric_positions=args.metric_positions, max_length=args.max_length,
-                       distributed=world > 1, **options, **keywords)
+            real = run(model, tokenizer, clean, corrupt, args.metric, estimated,
+                       corpus=corpus, metric_positions=args.metric_positions, **keywords)
         if rank != 0:
             return 0
     written = pd.concat([table, real], ignore_index=True) if real is not None else table
@@ -147,16 +159,17 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``patch`` to the ``attnprobe`` sub-command parsers."""
-    from attnprobe.patch import EXPERIMENTS
-
+    epilog = PATCH_EXAMPLE.format(scopes=SCOPE_FORMS, experiments=experiment_lines(EXPERIMENTS),
+                                  estimators="/".join(_estimators()))
     parser = sub.add_parser("patch", help="activation, path and attribution patching of heads, "
                             "residual-stream and MLP patching (clean vs corrupted inputs)",
-                            epilog=PATCH_EXAMPLE.format(scopes=SCOPE_FORMS),
+                            epilog=epilog,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm",
                         help="minilm (default), ref:<name>, or a local HF model directory")
     parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
-                        help=", ".join(EXPERIMENTS.names()))
+                        help=", ".join(spec.name for spec in EXPERIMENTS.values())
+                        + " (below)")
     for side in ("clean", "corrupt"):
         parser.add_argument(f"--{side}", action="append", metavar="TEXT",
                             help=f"a {side} input (repeatable; input i pairs with the other "
@@ -164,9 +177,7 @@ def register(sub: Any) -> None:
         parser.add_argument(f"--{side}-file", help=f"a UTF-8 file with one {side} input a line")
         parser.add_argument(f"--{side}-ids", action="append", type=ids_value, metavar="IDS",
                             help=f"a {side} input as token ids, e.g. \"2 14 15\" (repeatable)")
-    parser.add_argument("--metric", required=True,
-                        help="what is measured: logit:T, prob:T, logprob:T, logit_diff:A,B, "
-                             "loss, logit:next, next-token")
+    parser.add_argument("--metric", required=True, help=metric_help())
     parser.add_argument("--metric-positions", type=positions_type("--metric-positions"),
                         default="last",
                         help="where the metric reads: last (default), all, or positions "

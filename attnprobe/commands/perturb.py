@@ -10,7 +10,7 @@ import pandas as pd
 from attnprobe.commands.common import (
     check_tables,
     corpus_args,
-    corpus_options,
+    corpus_of,
     distributed_group,
     experiment_type,
     option_args,
@@ -20,9 +20,12 @@ from attnprobe.commands.common import (
     write_table,
     wrote,
 )
+from attnprobe.core.experiments import experiment_lines
+from attnprobe.core.metric_kind import metric_help
 from attnprobe.core.options import CliOption, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
-from attnprobe.perturb.job import SWEEPS
+from attnprobe.perturb.job import EXPERIMENTS, SWEEPS
+from attnprobe.perturb.run_checks import reads_metric
 
 PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model ref:bilstm-classifier --text "the cat sat on the red mat" \\
@@ -42,21 +45,18 @@ PERTURB_EXAMPLE = """examples:
   attnprobe perturb --model ./my-lm --text-file s.txt --experiment ablate --sweep head \\
       --metric "logit_diff:Paris,Rome" --out ablate_logit_diff.csv
 
-Experiments: permute (Jain & Wallace: N permutations per text, batched), dirichlet (random
-re-draws), uniform, ablate (zero the heads), mean (mean-ablation, transformers models),
-erase (Serrano & Smith: keys erased by attention, Integrated Gradients and random order),
-adversarial (Jain & Wallace: the most different attention within TVD eps), importance
-(Michel et al.: head importance and the pruning curve), knockout (Geva et al. 2023: --edges
-blocked before the softmax, rows renormalised: to:POSITIONS, from:POSITIONS,
-last-to:POSITIONS, edge:Q>K[,Q>K]; positions count each text's real tokens, -1 or last = the
-last one; a token's edge to itself is kept by the named kinds).
+experiments:
+{experiments}
+knockout's --edges: to:POSITIONS, from:POSITIONS, last-to:POSITIONS, edge:Q>K[,Q>K]; positions
+count each text's real tokens, -1 or last = the last one; a token's edge to itself is kept by
+the named kinds.
 --metric: next-token (default: the distributional change of the output: tvd, jsd, flip,
 top_prob) or one number per text read before and after the perturbation: logit:T, prob:T,
 logprob:T, logit_diff:A,B, loss, logit:next (prob:next, logprob:next), next-token:ID; tokens
 are one token's string or its id. --positions (last, all, or a list such as 0,3,-1) says
-where it is read. uniform, ablate, mean, knockout, permute and dirichlet take a metric.
+where it is read. {metric_takers} take a metric.
 Scopes: {scopes}; a repeated --scope merges.
---sweep head (uniform, ablate, mean, knockout) perturbs every head of the scope alone,
+--sweep head ({sweepers}) perturbs every head of the scope alone,
 batched: one row per head, text and metric, the rows of one run per head; --sweep layer does
 each layer's scoped heads together. --batch-size then counts texts x heads per forward.
 Each experiment's own options are the flags whose help names it; a flag of another experiment
@@ -73,9 +73,21 @@ head, example_id, step, metric, baseline, perturbed, change, then one column per
 
 def _options() -> list[CliOption]:
     """One flag per experiment option, made from the experiments' parameter dataclasses."""
-    from attnprobe.perturb.experiments import EXPERIMENTS
-
     return registered_options(EXPERIMENTS.values())
+
+
+def _epilog() -> str:
+    """The examples and notes, with every list of experiments read off the registry."""
+    names = [spec.name for spec in EXPERIMENTS.values()]
+    takers = [name for name in names if reads_metric(name)]
+    return PERTURB_EXAMPLE.format(
+        scopes=SCOPE_FORMS, experiments=experiment_lines(EXPERIMENTS),
+        metric_takers=f"{', '.join(takers[:-1])} and {takers[-1]}",
+        sweepers=", ".join(_sweepers()))
+
+
+def _sweepers() -> list[str]:
+    return [spec.name for spec in EXPERIMENTS.values() if spec.sweeps]
 
 
 MAIN_METRICS = ("tvd", "cosine_distance")  # the metric a head grid shows, first one present
@@ -111,12 +123,11 @@ def cmd_perturb(args: argparse.Namespace) -> int:
     keywords = option_keywords(args, _options(), args.experiment)
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
-    options = corpus_options(args)
     with distributed_group(args.distributed) as (rank, world):
-        table = run(model, tokenizer, texts, args.experiment, output=args.output,
-                    target=args.target, metric=args.metric, positions=args.positions,
-                    max_length=args.max_length, distributed=world > 1,
-                    sweep=args.sweep, **options, **keywords)
+        corpus = corpus_of(args, world=world)
+        table = run(model, tokenizer, texts, args.experiment, corpus=corpus,
+                    output=args.output, target=args.target, metric=args.metric,
+                    positions=args.positions, sweep=args.sweep, **keywords)
         if rank != 0:
             return 0
     write_table(table, out)
@@ -126,12 +137,12 @@ def cmd_perturb(args: argparse.Namespace) -> int:
                            "display.float_format", "{:.3g}".format):
         if grid is None:
             print(f"{len(texts)} texts, experiment {args.experiment}, scope "
-                  f"{options['scope']}: median change per perturbation and metric")
+                  f"{corpus.scope}: median change per perturbation and metric")
             print(summary(table).to_string(index=False, max_rows=40))
             return 0
         metric, shown = grid
         others = [m for m in dict.fromkeys(table["metric"]) if m != metric]
-        print(f"{len(texts)} texts, experiment {args.experiment}, scope {options['scope']}, "
+        print(f"{len(texts)} texts, experiment {args.experiment}, scope {corpus.scope}, "
               f"each head alone: median {metric} change per head")
         print(f"(rows: layers, columns: heads; {', '.join(others)} are in the table)")
         print(shown.to_string(max_rows=40))
@@ -140,20 +151,18 @@ def cmd_perturb(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``perturb`` to the ``attnprobe`` sub-command parsers."""
-    from attnprobe.perturb.experiments import EXPERIMENTS
-
     parser = sub.add_parser("perturb", help="perturb attention and measure the output change",
-                            epilog=PERTURB_EXAMPLE.format(scopes=SCOPE_FORMS),
+                            epilog=_epilog(),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     corpus_args(parser, batch_help="forward rows: texts, or draws / erasure steps of one text "
                                    "(adversarial: see --adversaries)",
                 seed_help="seeds permute, dirichlet, erase's random order and adversarial "
                           "(default 0); the other experiments draw nothing")
     parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
-                        help="permute, dirichlet, uniform, ablate, mean, erase, adversarial, "
-                             "importance or knockout")
+                        help=", ".join(spec.name for spec in EXPERIMENTS.values())
+                        + " (below)")
     parser.add_argument("--sweep", choices=SWEEPS,
-                        help="uniform/ablate/mean/knockout: perturb each head (or each layer's "
+                        help="/".join(_sweepers()) + ": perturb each head (or each layer's "
                              "scoped heads) of the scope alone, batched; one row per head and "
                              "text")
     parser.add_argument("--output", default="auto",
@@ -162,8 +171,7 @@ def register(sub: Any) -> None:
                              "next-token distribution, or the mean-pooled embedding (default: "
                              "auto)")
     parser.add_argument("--metric", default="next-token", metavar="SPEC",
-                        help="next-token (default: the distributional change), logit:T, prob:T, "
-                             "logprob:T, logit_diff:A,B, loss, logit:next, next-token:ID")
+                        help=metric_help("next-token (default: the distributional change)"))
     parser.add_argument("--positions", type=positions_type("--positions"), metavar="WHERE",
                         help="where a --metric other than next-token is read: last "
                              "(default; all for loss), all, or positions such as 0,3,-1 "

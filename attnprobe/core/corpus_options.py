@@ -82,8 +82,10 @@ class CorpusOptions:
     def __post_init__(self) -> None:
         for name in ("batch_size", "max_length", "budget"):
             value = getattr(self, name)
-            if value is not None:
-                check_number(name, value, integer=True, minimum=1)
+            # the wording every analysis used before these fields were gathered here
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise InputError(f"{name} must be a positive integer; got {value!r}")
         check_number("seed", self.seed, integer=True, minimum=0)
         truncation_mode(self.truncation)
         for name in ("progress",):

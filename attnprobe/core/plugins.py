@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["DEFAULT_RANK", "declared_rank", "import_modules"]
+__all__ = ["DEFAULT_RANK", "declared_rank", "discover", "import_modules"]
 
 DEFAULT_RANK = 100
 
@@ -51,7 +51,25 @@ def import_modules(package: str, *, skip: Sequence[str] = ()) -> list[ModuleType
     for info in pkgutil.iter_modules(root.__path__):
         if info.ispkg or info.name.startswith("_") or info.name in skip:
             continue
-        path = Path(root.__path__[0]) / f"{info.name}.py"
+        # the folder that holds it: a package may span several (__path__), e.g. a test's
+        path = Path(getattr(info.module_finder, "path", root.__path__[0])) / f"{info.name}.py"
         rank = declared_rank(path) if path.exists() else DEFAULT_RANK
         found.append((rank, info.name))
     return [importlib.import_module(f"{package}.{name}") for _, name in sorted(found)]
+
+
+_DISCOVERED: set[tuple[str, tuple[str, ...]]] = set()  # (package, its search path) imported
+
+
+def discover(package: str, *, skip: Sequence[str] = ()) -> None:
+    """:func:`import_modules` once per search path, for registries asked on every call (a
+    metric spec parsed per batch): a later call is a set look-up, unless the package's
+    ``__path__`` changed (a test adding a folder of modules).
+
+    Example:
+        >>> discover("attnprobe.core.metric_kinds")    # the metric kinds are registered
+    """
+    key = (package, tuple(importlib.import_module(package).__path__))
+    if key not in _DISCOVERED:
+        import_modules(package, skip=skip)
+        _DISCOVERED.add(key)

@@ -17,29 +17,49 @@ not run again: they replay their outputs of the base run (:mod:`attnprobe.patch.
 Only the layers a forward patches are in its capture scope: the others keep the model's fast
 attention (SDPA). Depths are counted by block calls, so a layer shared across depths (ALBERT)
 repeats from its patched depth; the shortcut's first patched forward is checked against the
-plain one (:meth:`~attnprobe.patch.late_tiling.LateTiling.confirm`).
+plain one (:meth:`~attnprobe.patch.late_tiling.LateTiling.confirm`). The loop over the
+forwards, split over the ranks when distributed, is
+:func:`~attnprobe.core.chunked.run_chunked` (path and stream patching run it too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import torch
 
 from attnprobe.capture.info import attention_sizes
-from attnprobe.capture.text import batch_spans
+from attnprobe.core.chunked import Chunk, run_chunked
 from attnprobe.core.scope import Scope
+from attnprobe.inputs.text import batch_spans
 from attnprobe.patch.job import Job, Runs, register_experiment
 from attnprobe.patch.late_tiling import LateTiling, Outputs
 from attnprobe.patch.pairs import DIRECTIONS
 from attnprobe.patch.params import Params, option
-from attnprobe.patch.sites import SITES, rewriter, site_spec
-from attnprobe.patch.table import Row, tidy
-from attnprobe.patch.units import PER, RowPatch, Unit, chunks, forward_rows, tiled, units_of
+from attnprobe.patch.sites import SITES, SiteSpec, rewriter, site_spec
+from attnprobe.patch.table import tidy
+from attnprobe.patch.units import (
+    PER,
+    Placed,
+    RowPatch,
+    Unit,
+    at_positions,
+    chunks,
+    in_order,
+    placed_rows,
+    tiled,
+    units_of,
+)
 
 __all__ = ["POSITIONS", "HeadsParams", "SiteParams", "head_sizes", "patch_heads"]
+
+RANK = 10  # the first patching experiment listed
 
 POSITIONS = ("all", "each")
 
@@ -56,6 +76,9 @@ class SiteParams(Params):
     direction: str = option("denoising", "denoising: the corrupted run with clean "
                             "activations (sufficiency); noising: the reverse (necessity)",
                             choices=DIRECTIONS)
+
+    def sites(self) -> list[str]:
+        return [self.site]
 
 
 @dataclass(frozen=True)
@@ -92,82 +115,76 @@ def axis_sizes(job: Job, scope: Scope, site: str) -> dict[int, tuple[int, int]]:
     return {layer: (names[query], names[spec.tensor]) for layer, names in found.items()}
 
 
-@register_experiment("heads", HeadsParams)
+@register_experiment("heads", HeadsParams, summary=(
+    "activation patching: each scoped head's site (output, pattern, q, k, v) taken from the "
+    "other run, at every position or each, per head, layer or the whole scope"))
 def patch_heads(job: Job) -> pd.DataFrame:
     params: HeadsParams = job.params  # type: ignore[assignment]
     spec, query = site_spec(params.site), query_tensor(params.site)
     read_scope = Scope(layers=job.scope.layers_in(attention_sizes(job.model)[0]))
     spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
     tensors = tuple(dict.fromkeys((spec.tensor, query)))
-    late = LateTiling(job.model)
-    recorded: Outputs = {}  # the base run's block outputs, of the span job.runs ran last
-
-    def record(span: slice, run: str) -> AbstractContextManager[Any]:
-        return late.recording(recorded) if run == job.base and late.usable else nullcontext()
-
-    found = job.baselines(spans, read_scope, tensors, record)
-    clean, corrupt, note = found.clean, found.corrupt, found.note
+    tiling = _Tiling(LateTiling(job.model))
+    found = job.baselines(spans, read_scope, tensors, partial(tiling.record, job))
     units = units_of(job.scope, {layer: (n[query], n[spec.tensor])
                                  for layer, n in found.sizes.items()}, params.per)
 
-    def span_units(span: slice) -> list[Unit]:
-        if params.positions == "all":
-            return units
-        width = max(job.pairs.lengths[span])
-        return [u.at(p) for u in units for p in range(width)]
-
-    work = []
-    for span in spans:
-        todo = span_units(span)
-        _, c = forward_rows(job.batch_size, span.stop - span.start, len(todo))
-        work += [(span, start, stop) for start, stop in chunks(todo, c)]
-
-    def one(item: tuple[slice, int, int]) -> list[tuple[int, Row]]:
-        span, start, stop = item
-        chunk = span_units(span)[start:stop]
-        runs = job.runs(span, read_scope, tensors, record)
-        base = runs.inputs[job.base]
-        b = base["input_ids"].shape[0]
-        source = runs.acts[job.other][spec.tensor]
-        device = base["input_ids"].device
-        patch = RowPatch(chunk, b, device)
-
-        def fn(layer: int, tensor):  # [rows, head, position, ...]
-            return patch.apply(layer, tensor, source[layer])
-
-        scope, parts, copies = Scope(layers=patch.layers), [rewriter(spec, fn)], len(chunk)
-        first = min(patch.layers)
-        values = None  # [unit, example]
-        if _late(job, late, runs, tensors, first, copies, recorded):
-            replay = recorded if late.replays else None
-            with late.from_layer(first, b, copies, replay):
-                output, _ = job.patched(base, scope, parts)
-            values = job.measure(runs.metric, output, base, copies)
-        if values is None or late.confirmed is None:  # the plain way, or the shortcut's check
-            output, _ = job.patched(tiled(base, copies), scope, parts)
-            plain = job.measure(runs.metric, output, base, copies)
-            if values is not None:
-                late.confirm(values, plain)
-            values = plain
-        width = 1 if params.positions == "all" else len(span_units(span)) // len(units)
-        rows = []
-        for k, unit in enumerate(chunk):
-            order = (start + k) // width  # the unit's place in scope order
-            for t in range(b):
-                i = span.start + t
-                if unit.position is not None and unit.position >= job.pairs.lengths[i]:
-                    continue  # padding of a shorter example
-                rows.append((order, Row(i, unit.layer, unit.head, unit.position,
-                                        float(values[k, t]))))
-        return rows
+    def one(chunk: Chunk[Unit]) -> list[Placed]:
+        runs = job.runs(chunk.span, read_scope, tensors, partial(tiling.record, job))
+        values = _patched(job, tiling, runs, chunk.units, spec, tensors)
+        return placed_rows(chunk, values, job.pairs.lengths, len(units))
 
     what = f"{len(units)} patch{'es' if len(units) != 1 else ''} of {params.site}"
-    parts = job.sharded(one, work, desc=f"patch heads: {what}")
-    found = sorted((item for part in parts for item in part),
-                   key=lambda x: (x[0], x[1].position or 0, x[1].example))
-    rows = [row for _, row in found]
-    return tidy("heads", rows, ids=job.pairs.ids, clean=clean, corrupt=corrupt,
-                site=params.site, direction=job.direction, metric=job.plan.name, note=note)
+    placed = run_chunked(one, spans, partial(at_positions, units, params.positions,
+                                             job.pairs.lengths),
+                         batch_size=job.batch_size, split=chunks, distributed=job.distributed,
+                         progress=job.progress, desc=f"patch heads: {what}")
+    return tidy("heads", in_order(placed), ids=job.pairs.ids, clean=found.clean,
+                corrupt=found.corrupt, site=params.site, direction=job.direction,
+                metric=job.plan.name, note=found.note)
+
+
+@dataclass
+class _Tiling:
+    """The late-tiling shortcut of a job's patched forwards, and the base run's block outputs
+    it replays (of the span :meth:`Job.runs` ran last)."""
+
+    late: LateTiling
+    recorded: Outputs = field(default_factory=dict)
+
+    def record(self, job: Job, span: slice, run: str) -> AbstractContextManager[Any]:
+        """Around each run of :meth:`Job.runs`: the base run's block outputs are recorded."""
+        usable = run == job.base and self.late.usable
+        return self.late.recording(self.recorded) if usable else nullcontext()
+
+
+def _patched(job: Job, tiling: _Tiling, runs: Runs, units: Sequence[Unit], spec: SiteSpec,
+             tensors: tuple[str, ...]) -> np.ndarray:
+    """``[unit, example]``: the metric of the base run with each of ``units`` patched from
+    the other run, in one forward (late-tiled where it can be, checked once against the
+    plain forward: module docstring)."""
+    late, base = tiling.late, runs.inputs[job.base]
+    b = base["input_ids"].shape[0]
+    source = runs.acts[job.other][spec.tensor]
+    patch = RowPatch(units, b, base["input_ids"].device)
+
+    def fn(layer: int, tensor: torch.Tensor) -> torch.Tensor:  # [rows, head, position, ...]
+        return patch.apply(layer, tensor, source[layer])
+
+    scope, parts, copies = Scope(layers=patch.layers), [rewriter(spec, fn)], len(units)
+    values = None
+    if _late(job, late, runs, tensors, min(patch.layers), copies, tiling.recorded):
+        replay = tiling.recorded if late.replays else None
+        with late.from_layer(min(patch.layers), b, copies, replay):
+            output, _ = job.patched(base, scope, parts)
+        values = job.measure(runs.metric, output, base, copies)
+    if values is None or late.confirmed is None:  # the plain way, or the shortcut's check
+        output, _ = job.patched(tiled(base, copies), scope, parts)
+        plain = job.measure(runs.metric, output, base, copies)
+        if values is not None:
+            late.confirm(values, plain)
+        values = plain
+    return values
 
 
 def _late(job: Job, late: LateTiling, runs: Runs, tensors: tuple[str, ...], start: int,

@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnprobe.capture.text import batch_spans
 from attnprobe.core.autograd import gradients_reach
 from attnprobe.core.display import describe
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.patch.activation import SiteParams, axis_sizes
 from attnprobe.patch.job import Job, register_experiment
 from attnprobe.patch.sites import site_spec
@@ -35,12 +35,16 @@ from attnprobe.patch.units import axis_heads
 
 __all__ = ["Agreement", "AttributionParams", "agreement", "patch_attribution"]
 
+RANK = 30  # after path patching
+
 JOIN = ("example_id", "layer", "head", "position", "site", "direction", "metric")
 
 
 @dataclass(frozen=True)
 class AttributionParams(SiteParams):
     """The options of ``heads`` but ``per`` (the estimate is per head)."""
+
+    estimates = "heads"
 
 
 def _per_position(product: torch.Tensor) -> torch.Tensor:
@@ -49,7 +53,9 @@ def _per_position(product: torch.Tensor) -> torch.Tensor:
     return product.flatten(3).sum(-1) if product.ndim > 3 else product
 
 
-@register_experiment("attribution", AttributionParams)
+@register_experiment("attribution", AttributionParams, summary=(
+    "attribution patching: the gradient estimate of heads for every head (x position) from "
+    "two forwards and one backward"))
 def patch_attribution(job: Job) -> pd.DataFrame:
     params: AttributionParams = job.params  # type: ignore[assignment]
     spec = site_spec(params.site)
@@ -57,53 +63,15 @@ def patch_attribution(job: Job) -> pd.DataFrame:
     heads = {layer: axis_heads(job.scope, layer, *sizes[layer]) for layer in sorted(sizes)}
     heads = {layer: h for layer, h in heads.items() if h and job.scope.wants_layer(layer)}
     scope = Scope(layers=tuple(heads))
-    spans = batch_spans(len(job.pairs), job.batch_size)
 
     def one(span: slice) -> tuple[np.ndarray, np.ndarray, list[Row]]:
-        clean, corrupt = job.pairs.encoded(job.model, job.tokenizer, span)
-        inputs = {"clean": clean, "corrupt": corrupt}
-        width = clean["input_ids"].shape[1]
-        metric = job.plan.build(job.pairs.index[span], width)
-        other_output, other = job.read(inputs[job.other], scope, (spec.tensor,))
-        if job.other == "clean":
-            metric = metric.fixed(other_output, clean)
-        # the metric too is computed with gradients, also when the caller is under no_grad
-        with gradients_reach(job.model):
-            output, base = job.read(inputs[job.base], scope, (spec.tensor,), grad=True)
-            if job.base == "clean":
-                metric = metric.fixed(output, clean)
-            m = metric(output, inputs[job.base])
-            layers = list(heads)
-            acts = [base[spec.tensor][layer] for layer in layers]
-            if not m.requires_grad or not all(a.requires_grad for a in acts):
-                raise InputError(f"metric {job.plan.name!r} does not depend on the patched "
-                                 "activations through the autograd graph (a callable metric "
-                                 "that detaches?); attribution patching needs its gradient")
-            grads = torch.autograd.grad(m.sum(), acts, allow_unused=True)
-        # read after the metric was fixed on the clean run: both runs score the clean answer
-        values = {job.other: job.plan.values(metric, other_output, inputs[job.other]),
-                  job.base: job.plan.values(metric, output, inputs[job.base])}
-        rows = []
-        for layer, act, grad in zip(layers, acts, grads, strict=True):
-            if grad is None:
-                grad = torch.zeros_like(act)
-            delta = other[spec.tensor][layer].to(act.dtype) - act.detach()
-            score = _per_position((delta * grad).float())  # [batch, head, position]
-            index = torch.tensor(heads[layer], device=score.device)
-            score = score.index_select(1, index).double().cpu().numpy()
-            base_values = values[job.base].numpy()
-            for t in range(score.shape[0]):
-                i = span.start + t
-                for j, head in enumerate(heads[layer]):
-                    if params.positions == "all":
-                        estimate = base_values[t] + score[t, j].sum()
-                        rows.append(Row(i, layer, head, None, float(estimate)))
-                        continue
-                    for p in range(job.pairs.lengths[i]):
-                        rows.append(Row(i, layer, head, p, float(base_values[t] + score[t, j, p])))
+        values, scores = _estimates(job, span, scope, spec.tensor, heads)
+        rows = _span_rows(job, span, heads, scores, values[job.base].numpy(),
+                          params.positions)
         return values["clean"].numpy(), values["corrupt"].numpy(), rows
 
-    parts = job.sharded(one, spans, desc=f"patch attribution: {params.site}")
+    parts = job.sharded(one, batch_spans(len(job.pairs), job.batch_size),
+                        desc=f"patch attribution: {params.site}")
     clean = np.concatenate([p[0] for p in parts])
     corrupt = np.concatenate([p[1] for p in parts])
     note = check_differs(clean, corrupt, job.pairs.ids, job.plan.name)
@@ -111,6 +79,63 @@ def patch_attribution(job: Job) -> pd.DataFrame:
                   key=lambda r: (r.layer, r.head, r.position or 0, r.example))
     return tidy("attribution", rows, ids=job.pairs.ids, clean=clean, corrupt=corrupt,
                 site=params.site, direction=job.direction, metric=job.plan.name, note=note)
+
+
+def _estimates(job: Job, span: slice, scope: Scope, tensor: str,
+               heads: dict[int, tuple[int, ...]]
+               ) -> tuple[dict[str, torch.Tensor], dict[int, np.ndarray]]:
+    """The metric of both runs of ``span`` per run name ``[b]``, and per layer the estimate
+    ``Σ (a_other − a_base) · ∂m/∂a`` of each of its ``heads`` ``[b, head, position]``
+    (module docstring): one forward per run, one backward."""
+    clean, corrupt = job.pairs.encoded(job.model, job.tokenizer, span)
+    inputs = {"clean": clean, "corrupt": corrupt}
+    metric = job.plan.build(job.pairs.index[span], clean["input_ids"].shape[1])
+    other_output, other = job.read(inputs[job.other], scope, (tensor,))
+    if job.other == "clean":
+        metric = metric.fixed(other_output, clean)
+    # the metric too is computed with gradients, also when the caller is under no_grad
+    with gradients_reach(job.model):
+        output, base = job.read(inputs[job.base], scope, (tensor,), grad=True)
+        if job.base == "clean":
+            metric = metric.fixed(output, clean)
+        m = metric(output, inputs[job.base])
+        acts = [base[tensor][layer] for layer in heads]
+        if not m.requires_grad or not all(a.requires_grad for a in acts):
+            raise InputError(f"metric {job.plan.name!r} does not depend on the patched "
+                             "activations through the autograd graph (a callable metric "
+                             "that detaches?); attribution patching needs its gradient")
+        grads = torch.autograd.grad(m.sum(), acts, allow_unused=True)
+    # read after the metric was fixed on the clean run: both runs score the clean answer
+    values = {job.other: job.plan.values(metric, other_output, inputs[job.other]),
+              job.base: job.plan.values(metric, output, inputs[job.base])}
+    scores: dict[int, np.ndarray] = {}
+    for layer, act, grad in zip(heads, acts, grads, strict=True):
+        if grad is None:
+            grad = torch.zeros_like(act)
+        delta = other[tensor][layer].to(act.dtype) - act.detach()
+        score = _per_position((delta * grad).float())  # [batch, head, position]
+        index = torch.tensor(heads[layer], device=score.device)
+        scores[layer] = score.index_select(1, index).double().cpu().numpy()
+    return values, scores
+
+
+def _span_rows(job: Job, span: slice, heads: dict[int, tuple[int, ...]],
+               scores: dict[int, np.ndarray], base_values: np.ndarray,
+               positions: str) -> list[Row]:
+    """The rows of ``span``: the base metric ``[b]`` plus each head's estimate, summed over
+    the positions (``positions="all"``) or at each position of its example."""
+    rows = []
+    for layer, score in scores.items():
+        for t in range(score.shape[0]):
+            i = span.start + t
+            for j, head in enumerate(heads[layer]):
+                if positions == "all":
+                    estimate = base_values[t] + score[t, j].sum()
+                    rows.append(Row(i, layer, head, None, float(estimate)))
+                    continue
+                for p in range(job.pairs.lengths[i]):
+                    rows.append(Row(i, layer, head, p, float(base_values[t] + score[t, j, p])))
+    return rows
 
 
 # ----------------------------------------------------------------------------- agreement

@@ -4,41 +4,34 @@ experiment: :mod:`attnprobe.patch.stream_patching`, the sites: :mod:`attnprobe.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 from torch import nn
 
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
-from attnprobe.core.metric import Positions
-from attnprobe.core.scope import ScopeLike
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.patch.experiments import MetricLike, run
-from attnprobe.patch.pairs import Pair
 
 __all__ = ["mlp", "residual"]
 
 
 def residual(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike,
-             *, stream: str = "resid_pre", scope: ScopeLike = "all", positions: str = "each",
-             direction: str = "denoising", batch_size: int = DEFAULT_BATCH_SIZE,
-             truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-             distributed: bool | None = None, max_length: int | None = None,
-             metric_positions: Positions = "last",
-             pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
+             *, stream: str = "resid_pre", positions: str = "each",
+             direction: str = "denoising", corpus: CorpusOptions | None = None,
+             **keywords: Any) -> pd.DataFrame:
     """Residual-stream patching per layer × position (TransformerLens's
     ``get_act_patch_resid_pre`` / ``_mid`` / ``_post``;
     [causal methods](../guide/causal-methods.md#activation-patching)): the base run
     (corrupted when denoising, clean when noising) with the residual stream ``[d_model]`` of
     one layer at one position taken from the other run — batched, one patch per repetition of
-    the examples. The shared arguments (``batch_size``, ``metric_positions``, ``pairs`` ...)
-    are those of :func:`attnprobe.patch.run`.
+    the examples. ``corpus`` and the other keywords (``scope``: the layers patched, whole
+    layers, ``"layer:3"``, ``"layers:0-2"``; ``batch_size``, ``metric_positions``, ``pairs``
+    ...) are those of :func:`attnprobe.patch.run`.
 
     Args:
         stream: ``"resid_pre"`` (entering block ``l``), ``"resid_mid"`` (after its attention,
             before its MLP: pre-norm models only; BERT-style post-norm models are refused)
             or ``"resid_post"`` (leaving the block). The table's ``site``.
-        scope: the layers patched (``"layer:3"``, ``"layers:0-2"``; whole layers).
         positions: ``"each"`` (one patch per position) or ``"all"`` (every position of the
             layer at once; ``position`` is then ``<NA>``).
         direction: ``"denoising"`` (sufficiency) or ``"noising"`` (necessity).
@@ -56,19 +49,13 @@ def residual(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric:
         ...                           metric_positions=copies)
         >>> table.pivot_table(index="layer", columns="position", values="effect")
     """
-    return run(model, tokenizer, clean, corrupt, metric, "residual", scope=scope,
-               batch_size=batch_size, truncation=truncation, seed=seed, progress=progress,
-               distributed=distributed, max_length=max_length,
-               metric_positions=metric_positions, pairs=pairs, stream=stream,
-               positions=positions, direction=direction)
+    return run(model, tokenizer, clean, corrupt, metric, "residual", corpus=corpus,
+               stream=stream, positions=positions, direction=direction, **keywords)
 
 
 def mlp(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike, *,
-        scope: ScopeLike = "all", positions: str = "each", direction: str = "denoising",
-        batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error", seed: int = 0,
-        progress: bool = False, distributed: bool | None = None,
-        max_length: int | None = None, metric_positions: Positions = "last",
-        pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
+        positions: str = "each", direction: str = "denoising",
+        corpus: CorpusOptions | None = None, **keywords: Any) -> pd.DataFrame:
     """MLP-output patching per layer × position (TransformerLens's ``mlp_out`` of
     ``get_act_patch_block_every``): what layer ``l``'s MLP adds to the residual stream at one
     position, taken from the other run. Pre-norm models (GPT-2, LLaMA-layout decoders, the
@@ -81,8 +68,5 @@ def mlp(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Metr
         ...                      "logit_diff:mat,cat")
         >>> ap.patch.summary(table, ci=0.95)  # one pair: the intervals are NaN, with a note
     """
-    return run(model, tokenizer, clean, corrupt, metric, "mlp", scope=scope,
-               batch_size=batch_size, truncation=truncation, seed=seed, progress=progress,
-               distributed=distributed, max_length=max_length,
-               metric_positions=metric_positions, pairs=pairs, positions=positions,
-               direction=direction)
+    return run(model, tokenizer, clean, corrupt, metric, "mlp", corpus=corpus,
+               positions=positions, direction=direction, **keywords)

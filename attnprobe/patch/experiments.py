@@ -2,23 +2,23 @@
 experiment)`` and one function per experiment (:func:`heads`, :func:`path`,
 :func:`attribution`).
 
-===============  ==========================================================================
-experiment       what it does; its options (default)
-===============  ==========================================================================
-``heads``        activation patching (:mod:`attnprobe.patch.activation`): each scoped head's
-                 ``site`` (``output``) taken from the other run, at every position or each
-                 (``positions``: ``all``), ``per`` head (or layer, or the whole scope)
-``path``         path patching (:mod:`attnprobe.patch.paths`): each sender's output reaches
-                 only the ``receivers``' ``into`` inputs (``q``); ``senders`` (``all``),
-                 ``positions``, ``per`` (``head`` or ``scope``)
-``attribution``  attribution patching (:mod:`attnprobe.patch.attribution_patching`): the first-order
-                 estimate of ``heads`` from two forwards and one backward; ``site``,
-                 ``positions``
-===============  ==========================================================================
+The experiments — :data:`EXPERIMENTS`, discovered from the modules of :mod:`attnprobe.patch`
+(each declares ``RANK`` and registers itself with a one-line summary) — with their options and
+defaults are listed by ``attnprobe patch --help`` and by the README's generated table (``make
+readme``); the module that registers one documents it (``heads`` in
+:mod:`~attnprobe.patch.activation`, ``path`` in :mod:`~attnprobe.patch.paths` ...), and
+:func:`params_of` gives its parameter dataclass, which also says what is particular to it
+(the sites it reads, the options that replace ``scope``: :mod:`attnprobe.patch.params`).
 
 Every experiment takes ``direction`` (``denoising``: the corrupted run patched with clean
 activations, what is *sufficient*; ``noising``: the clean run patched with corrupted ones,
-what is *necessary*) and the shared keywords of :func:`run`. Tables:
+what is *necessary*), the corpus options (one
+:class:`~attnprobe.core.corpus_options.CorpusOptions` or its keywords: ``scope``;
+``batch_size``, rows per forward, examples × patches, examples for ``attribution``;
+``truncation`` / ``max_length`` for texts longer than the model allows; ``seed``, though
+patching draws nothing at random; ``progress``; ``distributed``, the work split over the
+ranks of an initialised ``torch.distributed`` group, every rank returning the
+single-process table) and the other keywords of :func:`run`. Tables:
 :mod:`attnprobe.patch.table`.
 """
 
@@ -31,15 +31,13 @@ import pandas as pd
 from torch import nn
 
 from attnprobe.capture.info import model_scope
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
-from attnprobe.core.checks import check_eval, check_number
+from attnprobe.core.checks import check_eval
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import rank_and_world
 from attnprobe.core.metric import Metric, MetricFn, Positions
 from attnprobe.core.positions import fit_positions
-from attnprobe.core.registry import one_of
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
-from attnprobe.patch import activation, attribution_patching, paths, stream_patching  # noqa: F401
 from attnprobe.patch.job import EXPERIMENTS, Job
 from attnprobe.patch.pairs import MetricPlan, Pair, check_direction, prepare_pairs
 from attnprobe.patch.params import Params
@@ -58,9 +56,7 @@ def params_of(experiment: str) -> type[Params]:
     Example:
         >>> ap.patch.params_of("path")()  # the defaults: PathParams(receivers=None, ...)
     """
-    if experiment not in EXPERIMENTS:
-        raise InputError(one_of("patching experiment", experiment, EXPERIMENTS.names()))
-    return EXPERIMENTS.get(experiment).params
+    return EXPERIMENTS.named(experiment).params
 
 
 def _check_model(model: Any) -> None:
@@ -69,21 +65,23 @@ def _check_model(model: Any) -> None:
     check_eval(model)
 
 
-def _sites(experiment: str, params: Params) -> list[str]:
-    """The head sites the experiment reads or rewrites (residual, mlp: none, they hook the
-    model's blocks: :mod:`attnprobe.patch.stream`)."""
-    if experiment == "path":
-        return ["output", *params.into]  # type: ignore[attr-defined]
-    site = getattr(params, "site", None)
-    return [] if site is None else [site]
+def _checked(model: Any, experiment: str, params: Params, corpus: CorpusOptions) -> str:
+    """What :func:`run` refuses before any forward (what the experiment's parameter class
+    says it cannot take or the model cannot serve); returns the checked direction."""
+    _check_model(model)
+    direction = check_direction(params.direction)  # type: ignore[attr-defined]
+    rank_and_world(corpus.distributed)  # distributed=True without a process group fails here
+    refusal = params.scope_refusal(experiment, corpus.scope)
+    if refusal is not None:
+        raise InputError(refusal)
+    check_served(model, params.sites(), f"patch {experiment}")
+    return direction
 
 
 def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike,
-        experiment: str = "heads", *, scope: ScopeLike = "all",
-        batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error", seed: int = 0,
-        progress: bool = False, distributed: bool | None = None,
-        max_length: int | None = None, metric_positions: Positions = "last",
-        pairs: Sequence[Pair] | None = None, **options: Any) -> pd.DataFrame:
+        experiment: str = "heads", *, corpus: CorpusOptions | None = None,
+        metric_positions: Positions = "last", pairs: Sequence[Pair] | None = None,
+        **keywords: Any) -> pd.DataFrame:
     """Run one patching experiment over the pairs ``(clean[i], corrupt[i])`` (module
     docstring; :func:`heads`, :func:`path` and :func:`attribution` document each).
 
@@ -97,19 +95,16 @@ def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Metr
             ``"logit:next"``, ``"loss"``, ``"next-token"`` — fixed on the clean run ...), a
             :class:`~attnprobe.core.metric.Metric` or a callable ``(output, batch) ->
             Tensor[batch]``.
-        scope: the heads patched (``heads``, ``attribution``; ``path`` takes ``senders``).
-        batch_size: rows per forward (examples × patches; examples for ``attribution``).
-        truncation / max_length: texts longer than the model allows (``"error"``, ``"cut"``
-            both inputs of a pair alike, ``"skip"`` the pair).
-        seed: part of the shared signature; patching draws nothing at random.
-        progress: a progress bar over the forwards.
-        distributed: split the work over the ranks of an initialised ``torch.distributed``
-            group; every rank returns the single-process table.
+        corpus: :class:`~attnprobe.core.corpus_options.CorpusOptions` (or its keywords,
+            which override it; module docstring): ``scope`` (``path``: ``senders`` and
+            ``receivers`` instead), ``batch_size`` (examples × patches per forward),
+            ``truncation`` / ``max_length`` (``"cut"`` both inputs of a pair alike,
+            ``"skip"`` the pair), ``progress``, ``distributed``; ``budget`` is refused.
         metric_positions: where a spec metric reads (``"last"``, ``"all"``, a position, a
             list, one list per example, or a bool mask ``[example, seq]`` as wide as the
             longest input; ``None``: the metric's default; :mod:`attnprobe.core.positions`).
         pairs: for ``metric="logit_diff"``, one ``(correct, wrong)`` pair per example.
-        **options: the experiment's options (:func:`params_of`).
+        **keywords: the corpus options, and the experiment's options (:func:`params_of`).
 
     Returns:
         The tidy table of :mod:`attnprobe.patch.table` (a DataFrame with a notebook view).
@@ -127,42 +122,34 @@ def run(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Metr
         >>> table = ap.patch.run(model, tok, clean, corrupt, "logit:next", "heads",
         ...                      metric_positions=copies, site="q", direction="noising")
     """
-    spec = EXPERIMENTS.get(experiment) if experiment in EXPERIMENTS else None
-    if spec is None:
-        raise InputError(one_of("patching experiment", experiment, EXPERIMENTS.names()))
+    given, options = CorpusOptions.split(keywords)
+    corpus = CorpusOptions.merged(corpus, given)
+    if corpus.budget is not None:
+        raise InputError("patching takes no budget: batch_size sets the rows per forward")
+    spec = EXPERIMENTS.named(experiment)
     params = spec.params.build(spec.name, options, SHARED)
-    check_number("batch_size", batch_size, integer=True, minimum=1)
-    check_number("seed", seed, integer=True, minimum=0)
-    _check_model(model)
-    direction = check_direction(params.direction)  # type: ignore[attr-defined]
-    rank_and_world(distributed)  # distributed=True without a process group fails here
-    if spec.name == "path" and not Scope.parse(scope).is_all:
-        raise InputError("path patching takes senders= and receivers= instead of scope=")
-    check_served(model, _sites(spec.name, params), f"patch {spec.name}")
-    found = prepare_pairs(model, tokenizer, clean, corrupt, truncation=truncation,
-                          max_length=max_length)
+    direction = _checked(model, spec.name, params, corpus)
+    found = prepare_pairs(model, tokenizer, clean, corrupt, truncation=corpus.truncation,
+                          max_length=corpus.max_length)
     metric_positions = fit_positions(metric_positions, found.input_lengths, "metric_positions")
     plan = MetricPlan(metric, tokenizer, metric_positions, pairs, found.n_inputs)
-    job = Job(spec.name, model, tokenizer, found, plan, model_scope(model, scope), direction,
-              params, batch_size, progress, distributed)
+    job = Job(spec.name, model, tokenizer, found, plan, model_scope(model, corpus.scope),
+              direction, params, corpus.batch(), corpus.progress, corpus.distributed)
     table = spec.fn(job)
     table.attrs["metric_ids"] = plan.token_ids
     return table
 
 
 def heads(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike, *,
-          site: str = "output", scope: ScopeLike = "all", positions: str = "all",
-          direction: str = "denoising", per: str = "head",
-          batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-          seed: int = 0, progress: bool = False, distributed: bool | None = None,
-          max_length: int | None = None, metric_positions: Positions = "last",
-          pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
+          site: str = "output", positions: str = "all", direction: str = "denoising",
+          per: str = "head", corpus: CorpusOptions | None = None,
+          **keywords: Any) -> pd.DataFrame:
     """Activation patching of every scoped head
     ([causal methods](../guide/causal-methods.md#activation-patching); module
     :mod:`attnprobe.patch.activation`): the base run (corrupted when denoising, clean when
     noising) with one head's ``site`` taken from the other run — batched, one patch per batch
-    row. The shared arguments (``scope``, ``batch_size``, ``metric_positions``, ``pairs``
-    ...) are those of :func:`run`.
+    row. ``corpus`` and the other keywords (``scope``, ``batch_size``, ``metric_positions``,
+    ``pairs`` ...) are those of :func:`run`.
 
     Args:
         site: ``output`` (the per-head output z), ``pattern``, ``q``, ``k`` or ``v`` (``k``
@@ -190,33 +177,28 @@ def heads(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Me
         >>> each = ap.patch.heads(model, tok, clean, corrupt, "logit:next", scope="layer:1",
         ...                       positions="each", metric_positions=copies)
     """
-    return run(model, tokenizer, clean, corrupt, metric, "heads", scope=scope,
-               batch_size=batch_size, truncation=truncation, seed=seed, progress=progress,
-               distributed=distributed, max_length=max_length,
-               metric_positions=metric_positions, pairs=pairs, site=site,
-               positions=positions, direction=direction, per=per)
+    return run(model, tokenizer, clean, corrupt, metric, "heads", corpus=corpus, site=site,
+               positions=positions, direction=direction, per=per, **keywords)
 
 
 def path(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: MetricLike, *,
          receivers: ScopeLike, senders: ScopeLike = "all", into: str | Sequence[str] = "q",
-         direction: str = "denoising", positions: str = "all", per: str = "head",
-         batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-         seed: int = 0, progress: bool = False, distributed: bool | None = None,
-         max_length: int | None = None, metric_positions: Positions = "last",
-         pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
+         corpus: CorpusOptions | None = None, **keywords: Any) -> pd.DataFrame:
     """Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023;
     [causal methods](../guide/causal-methods.md#path-patching); module
     :mod:`attnprobe.patch.paths`): each sender head's output from the other run reaches only
     the receivers' ``into`` inputs; every other path is frozen at the base run. The other
-    arguments are those of :func:`heads` and :func:`run`.
+    arguments (``direction``, ``positions``, ``per``, ``corpus`` and the keywords of
+    :func:`run`) are those of :func:`heads`.
 
     Args:
         receivers: the receiver heads (a scope, e.g. ``"layer:1"`` or ``"heads:1.0,1.2"``).
         senders: the sender heads (a scope); only those in layers before a receiver count.
         into: ``"q"``, ``"k"``, ``"v"`` or several (``("q", "k", "v")``: patched together).
-        per: ``"head"`` (each sender alone), ``"layer"`` (each layer's senders together) or
-            ``"scope"`` (every sender at once).
-        positions: ``"all"`` or ``"each"`` (the sender's output at one position).
+        **keywords: ``per``: ``"head"`` (each sender alone, the default), ``"layer"`` (each
+            layer's senders together) or ``"scope"`` (every sender at once); ``positions``:
+            ``"all"`` or ``"each"`` (the sender's output at one position); ``direction``;
+            and the keywords of :func:`run`.
 
     Returns:
         The table of :func:`heads` (``layer``/``head``: the sender) plus ``sender_layer``,
@@ -233,21 +215,15 @@ def path(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, metric: Met
         ...                           direction="noising", metric_positions=copies)
         ...     print(into, ap.patch.summary(table)["effect"].round(2).tolist())
     """
-    return run(model, tokenizer, clean, corrupt, metric, "path", batch_size=batch_size,
-               truncation=truncation, seed=seed, progress=progress, distributed=distributed,
-               max_length=max_length, metric_positions=metric_positions, pairs=pairs,
+    return run(model, tokenizer, clean, corrupt, metric, "path", corpus=corpus,
                receivers=None if receivers is None else str(Scope.parse(receivers)),
-               senders=str(Scope.parse(senders)), into=into, direction=direction,
-               positions=positions, per=per)
+               senders=str(Scope.parse(senders)), into=into, **keywords)
 
 
 def attribution(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any,
-                metric: MetricLike, *, site: str = "output", scope: ScopeLike = "all",
-                positions: str = "all", direction: str = "denoising",
-                batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-                seed: int = 0, progress: bool = False, distributed: bool | None = None,
-                max_length: int | None = None, metric_positions: Positions = "last",
-                pairs: Sequence[Pair] | None = None) -> pd.DataFrame:
+                metric: MetricLike, *, site: str = "output", positions: str = "all",
+                direction: str = "denoising", corpus: CorpusOptions | None = None,
+                **keywords: Any) -> pd.DataFrame:
     """Attribution patching (Nanda 2023; Syed et al. 2023;
     [causal methods](../guide/causal-methods.md#attribution-patching); module
     :mod:`attnprobe.patch.attribution_patching`): ``patched − base ≈ (a_other − a_base) ·
@@ -267,8 +243,5 @@ def attribution(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any,
         ...                       metric_positions=copies)
         >>> ap.patch.agreement(estimate, real)
     """
-    return run(model, tokenizer, clean, corrupt, metric, "attribution", scope=scope,
-               batch_size=batch_size, truncation=truncation, seed=seed, progress=progress,
-               distributed=distributed, max_length=max_length,
-               metric_positions=metric_positions, pairs=pairs, site=site,
-               positions=positions, direction=direction)
+    return run(model, tokenizer, clean, corrupt, metric, "attribution", corpus=corpus,
+               site=site, positions=positions, direction=direction, **keywords)

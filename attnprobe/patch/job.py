@@ -3,8 +3,14 @@ its runs of the clean and corrupted inputs, its patched forwards, and its share 
 split over the ranks of a ``torch.distributed`` group.
 
 An experiment is one function ``fn(job) -> pd.DataFrame`` and one parameter dataclass
-(:class:`~attnprobe.patch.params.Params`), registered together with
-:func:`register_experiment`.
+(:class:`~attnprobe.patch.params.Params`), registered together with a one-line summary by
+:func:`register_experiment` in a module of :mod:`attnprobe.patch` that declares its ``RANK``.
+The modules are discovered (:class:`~attnprobe.core.experiments.ExperimentRegistry`) the
+first time :data:`EXPERIMENTS` is read, so adding an experiment touches one file; what it
+needs beyond its own forwards is here (:meth:`Job.runs`, :meth:`Job.patched`,
+:meth:`Job.measure`, :meth:`Job.baselines`, :meth:`Job.sharded`), and what it reads or
+refuses is said by its parameter class (:meth:`~attnprobe.patch.params.Params.sites`,
+:attr:`~attnprobe.patch.params.Params.instead_of_scope`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -20,9 +26,13 @@ from torch import nn
 
 from attnprobe.capture import capture
 from attnprobe.capture.parts import Part
-from attnprobe.core.distributed import run_sharded
+from attnprobe.core.experiments import (
+    Experiment,
+    ExperimentRegistry,
+    Sharded,
+    experiment_registrar,
+)
 from attnprobe.core.metric import Metric
-from attnprobe.core.registry import Registry
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError
 from attnprobe.patch.pairs import MetricPlan, Pairs, rows_of
@@ -33,31 +43,16 @@ from attnprobe.patch.table import check_differs
 __all__ = ["EXPERIMENTS", "Baselines", "Experiment", "Hooks", "Job", "Runs",
            "register_experiment"]
 
-U = TypeVar("U")
-R = TypeVar("R")
 Acts = dict[str, dict[int, torch.Tensor]]  # tensor name -> layer -> [batch, head, pos, ...]
 Hooks = Callable[[slice, str], AbstractContextManager[Any]]  # (span, run name) -> context
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """One experiment: ``fn(job) -> table`` and its parameter dataclass."""
+EXPERIMENTS = ExperimentRegistry("patching experiment", "attnprobe.patch")
 
-    name: str
-    fn: Callable[[Job], Any] = field(repr=False)
-    params: type[Params] = Params
-
-
-EXPERIMENTS: Registry[Experiment] = Registry("patching experiment")
-
-
-def register_experiment(name: str, params: type[Params]) -> Callable[[Callable], Callable]:
-    """Register ``fn(job) -> table`` as experiment ``name`` with its parameter dataclass."""
-    def add(fn: Callable) -> Callable:
-        EXPERIMENTS.register(name)(Experiment(name, fn, params))
-        return fn
-
-    return add
+register_experiment = experiment_registrar(EXPERIMENTS, Params)
+"""``@register_experiment(name, params, *, summary)`` on ``fn(job) -> table``: experiment
+``name`` with its parameter dataclass and its one-line ``summary`` (``--help``, the
+README)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ class Runs:
 
 
 @dataclass
-class Job:
+class Job(Sharded):
     """Everything an experiment needs (built and checked by :func:`~attnprobe.patch.run`)."""
 
     name: str
@@ -106,6 +101,8 @@ class Job:
     distributed: bool | None
     _cache: dict[tuple[int, int, tuple[str, ...], Scope], Runs] = field(default_factory=dict,
                                                                         repr=False)
+
+    family: ClassVar[str] = "patch"  # progress bars read "patch <name>: ..."
 
     # ------------------------------------------------------------ the two inputs
     @property
@@ -197,9 +194,3 @@ class Job:
         corrupt = np.concatenate([p[1] for p in parts])
         note = check_differs(clean, corrupt, self.pairs.ids, self.plan.name)
         return Baselines(clean, corrupt, note, parts[0][2])
-
-    def sharded(self, fn: Callable[[U], R], units: Sequence[U], *, desc: str,
-                unit: str = "batch") -> list[R]:
-        """``[fn(u) for u in units]``, split over the ranks when distributed."""
-        return run_sharded(fn, units, distributed=self.distributed, progress=self.progress,
-                           desc=desc, unit=unit)

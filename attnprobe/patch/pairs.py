@@ -4,7 +4,7 @@ Patching needs two inputs per example of **equal token length** — the clean ``
 corrupted ``x̃`` (Heimersheim & Nanda 2024) — so that an activation of one run fits the
 other position by position: :func:`prepare_pairs` checks that before any forward (a one-line
 error naming the first pair that differs) and applies ``truncation`` to both alike. Inputs are
-strings or token ids, as in every corpus analysis (:mod:`attnprobe.capture.text`).
+strings or token ids, as in every corpus analysis (:mod:`attnprobe.inputs.text`).
 
 The metric (:mod:`attnprobe.core.metric`) is built per batch of examples
 (:class:`MetricPlan`): per-example ``positions`` (a list per example, or a bool mask
@@ -24,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.text import (
+from attnprobe.core.metric import Metric, Positions, parse_metric
+from attnprobe.errors import InputError
+from attnprobe.inputs.text import (
     Text,
     Truncation,
     encode,
@@ -34,9 +36,7 @@ from attnprobe.capture.text import (
     token_limit,
     truncation_mode,
 )
-from attnprobe.capture.token_ids import check_inputs
-from attnprobe.core.metric import Metric, Positions, parse_metric
-from attnprobe.errors import InputError
+from attnprobe.inputs.token_ids import check_inputs
 
 __all__ = ["DIRECTIONS", "MetricPlan", "Pairs", "prepare_pairs", "rows_of"]
 
@@ -94,7 +94,7 @@ def prepare_pairs(model: nn.Module, tokenizer: Any, clean: Any, corrupt: Any, *,
 
     Raises:
         InputError: different numbers of inputs, a pair of different token lengths (the
-            first one is named), or what :func:`~attnprobe.capture.text.prepare_corpus`
+            first one is named), or what :func:`~attnprobe.inputs.text.prepare_corpus`
             refuses (empty texts, unknown ids, too long under ``truncation="error"``).
     """
     clean_items, corrupt_items = check_inputs(clean), check_inputs(corrupt)

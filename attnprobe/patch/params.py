@@ -10,6 +10,12 @@ What patching keeps for itself: its options are names — a choice among names
 also ``"q,k"``) or a scope (``senders``) — so the supported types are ``str`` and
 ``tuple[str, ...]``, each optionally ``| None``; a name is stripped, a value outside
 ``choices`` names them, and a list names each at most once.
+
+The class also says what is particular to its experiment, so :func:`~attnprobe.patch.run`
+and ``attnprobe patch`` never switch on an experiment's name: the head sites it reads or
+rewrites (:meth:`Params.sites`, checked against the model's seam before any forward), the
+options that replace ``scope`` (:attr:`Params.instead_of_scope`) and the experiment it
+estimates (:attr:`Params.estimates`, what ``--compare`` runs next to it).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, ClassVar
 
 from attnprobe.core.options import Options, option
 from attnprobe.core.registry import one_of
+from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 
 __all__ = ["Params", "option"]
@@ -31,6 +38,25 @@ class Params(Options):
 
     supported: ClassVar[tuple[type, ...]] = (str, tuple)
     family: ClassVar[str] = "patching experiment"
+    instead_of_scope: ClassVar[tuple[str, ...]] = ()
+    """Options that say which heads are patched in place of ``scope`` (path patching:
+    ``senders``, ``receivers``); a scope given with them is refused."""
+    estimates: ClassVar[str | None] = None
+    """The experiment whose table this one estimates (attribution patching: ``heads``), run
+    next to it by ``attnprobe patch --compare``."""
+
+    def sites(self) -> list[str]:
+        """The head sites (:data:`attnprobe.patch.SITES`) this run reads or rewrites; none by
+        default (experiments that hook the model's blocks, e.g. ``residual``)."""
+        return []
+
+    def scope_refusal(self, experiment: str, scope: Any) -> str | None:
+        """Why ``scope`` cannot be given to ``experiment`` (its heads come from
+        :attr:`instead_of_scope`), or ``None``."""
+        if not self.instead_of_scope or Scope.parse(scope).is_all:
+            return None
+        named = " and ".join(f"{name}=" for name in self.instead_of_scope)
+        return f"{experiment} patching takes {named} instead of scope="
 
     @classmethod
     def checked(cls, name: str, base: type, metadata: Mapping[str, Any], value: Any) -> Any:

@@ -25,23 +25,25 @@ With grouped-query attention, a receiver's ``k``/``v`` is its key/value head, wh
 query heads of its group share.
 
 Needs a pre-norm model whose residual stream is a plain sum (the MLPs are found by
-:func:`attnprobe.capture.anatomy.anatomy`: GPT-2, LLaMA-layout decoders, attnprobe's reference
+:func:`attnprobe.weights.anatomy.anatomy`: GPT-2, LLaMA-layout decoders, attnprobe's reference
 models).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pandas as pd
 import torch
 
-from attnprobe.capture.anatomy import anatomy
 from attnprobe.capture.info import attention_sizes, model_scope
-from attnprobe.capture.text import batch_spans
+from attnprobe.core.chunked import Chunk, run_chunked
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.patch.activation import POSITIONS
 from attnprobe.patch.frozen_mlps import MlpDepths
 from attnprobe.patch.job import Job, register_experiment
@@ -49,9 +51,23 @@ from attnprobe.patch.pairs import DIRECTIONS
 from attnprobe.patch.params import Params, option
 from attnprobe.patch.sites import readers, rewriter, site_spec, tensors_of
 from attnprobe.patch.table import PATH_COLUMNS, Row, tidy
-from attnprobe.patch.units import PER, RowPatch, Unit, axis_heads, forward_rows, tiled, units_of
+from attnprobe.patch.units import (
+    PER,
+    Placed,
+    RowPatch,
+    Unit,
+    at_positions,
+    axis_heads,
+    in_order,
+    placed_rows,
+    tiled,
+    units_of,
+)
+from attnprobe.weights.anatomy import anatomy
 
 __all__ = ["INTO", "PathParams", "patch_path"]
+
+RANK = 20  # after activation patching
 
 INTO = ("q", "k", "v")
 
@@ -71,6 +87,11 @@ class PathParams(Params):
     per: str = option("head", "what one patch covers: one head, one layer's scoped heads, or "
                       "every scoped head at once", choices=PER)
 
+    instead_of_scope = ("senders", "receivers")
+
+    def sites(self) -> list[str]:
+        return ["output", *self.into]
+
 
 def _mlps(model: Any) -> MlpDepths:
     """The MLP of every depth (none for attention-only models)."""
@@ -83,9 +104,53 @@ def _mlps(model: Any) -> MlpDepths:
                              if layer.mlp is not None})
 
 
-@register_experiment("path", PathParams)
+@register_experiment("path", PathParams, summary=(
+    "path patching: each sender's output reaches only the receivers' into inputs (q, k, v); "
+    "every other path frozen at the base run"))
 def patch_path(job: Job) -> pd.DataFrame:
     params: PathParams = job.params  # type: ignore[assignment]
+    receivers, senders, last = _scopes(job, params)
+    read_scope = Scope(layers=tuple(range(last + 1)))
+    mlps = _mlps(job.model)  # before any forward: a model without a plain residual
+    kept: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    hooks = partial(_keep_mlps, mlps, kept, last)
+    spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
+    tensors = tuple(dict.fromkeys(("z", "q", *params.into)))
+    found = job.baselines(spans, read_scope, tensors, hooks)
+    units = units_of(senders, {la: (n["z"], n["z"]) for la, n in found.sizes.items()
+                               if la < last}, params.per)
+    targets = {name: {la: torch.tensor(axis_heads(receivers, la, n["q"], n[name]))
+                      for la, n in found.sizes.items() if receivers.wants_layer(la)
+                      and axis_heads(receivers, la, n["q"], n[name])}
+               for name in params.into}
+    extra = (("receivers", str(receivers)), ("into", ",".join(params.into)))
+
+    def one(chunk: Chunk[Unit]) -> list[Placed]:
+        runs = job.runs(chunk.span, read_scope, tensors, hooks)
+        base = runs.inputs[job.base]
+        inputs = tiled(base, len(chunk.units))
+        recorded = _run_b(job, runs, list(chunk.units), inputs, read_scope, params,
+                          mlps, kept[(chunk.span.start, job.base)], last)
+        if recorded is None:  # no sender changed anything: every row is the base run
+            values = runs.values[job.base].numpy()[None].repeat(len(chunk.units), 0)
+        else:
+            values = _run_c(job, runs, recorded, targets, inputs, base, len(chunk.units))
+        return placed_rows(chunk, values, job.pairs.lengths, len(units),
+                           partial(_sender_row, extra))
+
+    placed = run_chunked(one, spans, partial(at_positions, units, params.positions,
+                                             job.pairs.lengths),
+                         batch_size=job.batch_size, distributed=job.distributed,
+                         progress=job.progress,
+                         desc=f"patch path: {len(units)} sender patch(es)")
+    return tidy("path", in_order(placed), ids=job.pairs.ids, clean=found.clean,
+                corrupt=found.corrupt, site="output", direction=job.direction,
+                metric=job.plan.name, note=found.note, columns=PATH_COLUMNS)
+
+
+def _scopes(job: Job, params: PathParams) -> tuple[Scope, Scope, int]:
+    """``(receivers, senders, the last receiver layer)``, refused before any forward when
+    no receiver is given or no sender lies before the last receiver."""
     if params.receivers is None:
         raise InputError("path patching needs receivers=SCOPE (CLI --receivers), e.g. "
                          "'layer:1' or 'heads:1.0,1.2'")
@@ -93,73 +158,25 @@ def patch_path(job: Job) -> pd.DataFrame:
     receivers = model_scope(job.model, params.receivers)
     senders = model_scope(job.model, params.senders)
     last = max(receivers.layers_in(n_layers))
-    read_scope = Scope(layers=tuple(range(last + 1)))
     if not any(layer < last for layer in senders.layers_in(n_layers)):
         raise InputError(f"no sender of {senders} lies in a layer before the last receiver "
                          f"layer ({last}): a sender reaches only later layers")
-    mlps = _mlps(job.model)  # before any forward: a model without a plain residual
-    kept: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    return receivers, senders, last
 
-    def hooks(span: slice, name: str) -> Any:
-        if not any(key[0] == span.start for key in kept):
-            kept.clear()
-        return mlps.reading(kept.setdefault((span.start, name), {}), last)
 
-    spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
-    tensors = tuple(dict.fromkeys(("z", "q", *params.into)))
-    found = job.baselines(spans, read_scope, tensors, hooks)
-    clean, corrupt, note = found.clean, found.corrupt, found.note
-    units = units_of(senders, {la: (n["z"], n["z"]) for la, n in found.sizes.items()
-                               if la < last}, params.per)
-    targets = {name: {la: torch.tensor(axis_heads(receivers, la, n["q"], n[name]))
-                      for la, n in found.sizes.items() if receivers.wants_layer(la)
-                      and axis_heads(receivers, la, n["q"], n[name])}
-               for name in params.into}
+def _keep_mlps(mlps: MlpDepths, kept: dict[tuple[int, str], dict[int, torch.Tensor]],
+               last: int, span: slice, name: str) -> AbstractContextManager[Any]:
+    """Around run ``name`` of ``span``: its MLP outputs before layer ``last`` go to
+    ``kept[(span.start, name)]`` (only the latest span's are kept)."""
+    if not any(key[0] == span.start for key in kept):
+        kept.clear()
+    return mlps.reading(kept.setdefault((span.start, name), {}), last)
 
-    def span_units(span: slice) -> list[Unit]:
-        if params.positions == "all":
-            return units
-        return [u.at(p) for u in units for p in range(max(job.pairs.lengths[span]))]
 
-    work = []
-    for span in spans:
-        todo = span_units(span)
-        _, c = forward_rows(job.batch_size, span.stop - span.start, len(todo))
-        work += [(span, start, c) for start in range(0, len(todo), c)]
-
-    def one(item: tuple[slice, int, int]) -> list[tuple[int, Row]]:
-        span, start, c = item
-        everything = span_units(span)
-        chunk = everything[start:start + c]
-        runs = job.runs(span, read_scope, tensors, hooks)
-        base = runs.inputs[job.base]
-        b = base["input_ids"].shape[0]
-        inputs = tiled(base, len(chunk))
-        recorded = _run_b(job, runs, chunk, inputs, read_scope, params,
-                          mlps, kept[(span.start, job.base)], last)
-        if recorded is None:  # no sender changed anything: every row is the base run
-            values = runs.values[job.base].numpy()[None].repeat(len(chunk), 0)
-        else:
-            values = _run_c(job, runs, recorded, targets, inputs, base, len(chunk))
-        width = len(everything) // len(units)
-        extra = (("receivers", str(receivers)), ("into", ",".join(params.into)))
-        rows = []
-        for k, unit in enumerate(chunk):
-            for t in range(b):
-                i = span.start + t
-                if unit.position is not None and unit.position >= job.pairs.lengths[i]:
-                    continue  # padding of a shorter example
-                rows.append(((start + k) // width, Row(
-                    i, unit.layer, unit.head, unit.position, float(values[k, t]),
-                    (("sender_layer", unit.layer), ("sender_head", unit.head), *extra))))
-        return rows
-
-    parts = job.sharded(one, work, desc=f"patch path: {len(units)} sender patch(es)")
-    ordered = sorted((x for part in parts for x in part),
-                     key=lambda x: (x[0], x[1].position or 0, x[1].example))
-    return tidy("path", [row for _, row in ordered], ids=job.pairs.ids, clean=clean,
-                corrupt=corrupt, site="output", direction=job.direction, metric=job.plan.name,
-                note=note, columns=PATH_COLUMNS)
+def _sender_row(extra: tuple[tuple[str, Any], ...], example: int, unit: Unit,
+                patched: float) -> Row:
+    return Row(example, unit.layer, unit.head, unit.position, patched,
+               (("sender_layer", unit.layer), ("sender_head", unit.head), *extra))
 
 
 def _run_b(job: Job, runs: Any, chunk: list[Unit], inputs: dict[str, torch.Tensor],

@@ -18,10 +18,10 @@ These are TransformerLens's ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` /
 whose layers are distinct blocks of one list (GPT-2, LLaMA, BERT, the reference models ...;
 not ALBERT, whose one layer runs several times). ``resid_mid`` and ``mlp_out`` exist as sums
 only in a **pre-norm** block (``x + attn(norm1(x))``, then ``+ mlp(norm2(x))``; the modules
-come from :func:`attnprobe.capture.anatomy.anatomy`): a post-norm block (BERT) normalises
+come from :func:`attnprobe.weights.anatomy.anatomy`): a post-norm block (BERT) normalises
 ``x + attn(x)`` before the MLP reads it, so they are refused in one line. Every read of
 ``resid_mid`` or ``mlp_out`` checks that the parts add up to the block's output
-(:class:`~attnprobe.capture.anatomy.DecompositionError` otherwise).
+(:class:`~attnprobe.weights.anatomy.DecompositionError` otherwise).
 
 Rewriting ``resid_mid`` adds ``target − resid_mid`` to the attention output at the patched
 entries only (``x − x`` is exactly 0 elsewhere, so nothing else moves by a rounding).
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.anatomy import DecompositionError, anatomy
 from attnprobe.errors import HookNotFiredError, InputError
 from attnprobe.patch.late_tiling import blocks_of
+from attnprobe.weights.anatomy import DecompositionError, anatomy
 
 __all__ = ["STREAM_SITES", "Stream", "StreamSite", "stream_site"]
 

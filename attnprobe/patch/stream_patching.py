@@ -22,7 +22,9 @@ gives the clean metric there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,18 +32,30 @@ import pandas as pd
 import torch
 
 from attnprobe.capture.info import attention_sizes
-from attnprobe.capture.text import batch_spans
+from attnprobe.core.chunked import Chunk, run_chunked
 from attnprobe.core.metric import Metric
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.patch.activation import POSITIONS
 from attnprobe.patch.job import Job, register_experiment
 from attnprobe.patch.pairs import DIRECTIONS
 from attnprobe.patch.params import Params, option
 from attnprobe.patch.stream import STREAM_SITES, Stream
 from attnprobe.patch.table import Row, check_differs, tidy
-from attnprobe.patch.units import RowPatch, Unit, chunks, forward_rows, tiled
+from attnprobe.patch.units import (
+    Placed,
+    RowPatch,
+    Unit,
+    at_positions,
+    chunks,
+    in_order,
+    placed_rows,
+    tiled,
+)
 
 __all__ = ["RESIDUAL", "MlpParams", "ResidualParams", "patch_mlp", "patch_residual"]
+
+RANK = 40  # after the head experiments
 
 RESIDUAL = tuple(name for name in STREAM_SITES if name.startswith("resid_"))
 POSITIONS_HELP = "residual and mlp patch each position alone by default"
@@ -64,12 +78,15 @@ class ResidualParams(MlpParams):
                          "leaving it (resid_post)", choices=RESIDUAL)
 
 
-@register_experiment("residual", ResidualParams)
+@register_experiment("residual", ResidualParams, summary=(
+    "the residual stream (stream: resid_pre, resid_mid, resid_post) of each layer x position "
+    "taken from the other run"))
 def patch_residual(job: Job) -> pd.DataFrame:
     return patch_stream(job, job.params.stream)  # type: ignore[attr-defined]
 
 
-@register_experiment("mlp", MlpParams)
+@register_experiment("mlp", MlpParams, summary=(
+    "each MLP's output per layer x position taken from the other run (pre-norm models)"))
 def patch_mlp(job: Job) -> pd.DataFrame:
     return patch_stream(job, "mlp_out")
 
@@ -106,66 +123,68 @@ def patch_stream(job: Job, site: str) -> pd.DataFrame:
     stream = Stream(job.model, site)  # refuses before any forward
     layers = _layers(job, stream)
     spans = batch_spans(len(job.pairs), min(job.batch_size, len(job.pairs)))
-    cache: dict[tuple[int, int], _Runs] = {}
-
-    def runs(span: slice) -> _Runs:
-        key = (span.start, span.stop)
-        if key not in cache:
-            cache.clear()  # the patches of a span follow its runs: one span at a time
-            cache[key] = _read(job, stream, span)
-        return cache[key]
-
-    def baseline(span: slice) -> tuple[np.ndarray, np.ndarray]:
-        found = runs(span)
-        return found.values["clean"], found.values["corrupt"]
-
-    parts = job.sharded(baseline, spans, desc=f"patch {job.name}: clean and corrupted runs")
+    runs = _SpanRuns(job, stream)
+    parts = job.sharded(runs.baseline, spans,
+                        desc=f"patch {job.name}: clean and corrupted runs")
     clean = np.concatenate([p[0] for p in parts])
     corrupt = np.concatenate([p[1] for p in parts])
     note = check_differs(clean, corrupt, job.pairs.ids, job.plan.name)
+    units = [Unit(((layer, 0),)) for layer in layers]  # the site's vector: one "head"
 
-    def span_units(span: slice) -> list[Unit]:
-        widths = [None] if params.positions == "all" else range(max(job.pairs.lengths[span]))
-        return [Unit(((layer, 0),), p) for layer in layers for p in widths]
+    def one(chunk: Chunk[Unit]) -> list[Placed]:
+        values = _patched(job, stream, runs(chunk.span), chunk.units)
+        return placed_rows(chunk, values, job.pairs.lengths, len(units), _layer_row)
 
-    work = []
-    for span in spans:
-        todo = span_units(span)
-        _, c = forward_rows(job.batch_size, span.stop - span.start, len(todo))
-        work += [(span, start, stop) for start, stop in chunks(todo, c)]
+    placed = run_chunked(one, spans, partial(at_positions, units, params.positions,
+                                             job.pairs.lengths),
+                         batch_size=job.batch_size, split=chunks, distributed=job.distributed,
+                         progress=job.progress,
+                         desc=f"patch {job.name}: {len(layers)} layer(s) of {site}")
+    return tidy(job.name, in_order(placed), ids=job.pairs.ids, clean=clean, corrupt=corrupt,
+                site=site, direction=job.direction, metric=job.plan.name, note=note)
 
-    def one(item: tuple[slice, int, int]) -> list[Row]:
-        span, start, stop = item
-        chunk = span_units(span)[start:stop]
-        found = runs(span)
-        base = found.inputs[job.base]
-        source = found.acts[job.other]
-        b = base["input_ids"].shape[0]
-        patch = RowPatch(chunk, b, base["input_ids"].device)
 
-        def fn(layer: int, tensor: torch.Tensor) -> torch.Tensor:  # [rows, seq, d_model]
-            # the vector is the one "head" of a [rows, 1, seq, d_model] view
-            patch.apply(layer, tensor.unsqueeze(1), source[layer].unsqueeze(1))
-            return tensor
+@dataclass
+class _SpanRuns:
+    """The clean and corrupted runs of a span reading the stream site (:func:`_read`), kept
+    for the span read last: a span's patches follow its runs."""
 
-        with torch.no_grad(), stream.rewriting(patch.layers, fn):
-            output = job.model(**tiled(base, len(chunk)))
-        values = job.measure(found.metric, output, base, len(chunk))  # [unit, example]
-        rows = []
-        for k, unit in enumerate(chunk):
-            for t in range(b):
-                i = span.start + t
-                if unit.position is not None and unit.position >= job.pairs.lengths[i]:
-                    continue  # padding of a shorter example
-                rows.append(Row(i, unit.layer, None, unit.position, float(values[k, t])))
-        return rows
+    job: Job
+    stream: Stream
+    cache: dict[tuple[int, int], _Runs] = field(default_factory=dict)
 
-    what = f"{len(layers)} layer(s) of {site}"
-    done = job.sharded(one, work, desc=f"patch {job.name}: {what}")
-    rows = sorted((row for part in done for row in part),
-                  key=lambda r: (r.layer, -1 if r.position is None else r.position, r.example))
-    return tidy(job.name, rows, ids=job.pairs.ids, clean=clean, corrupt=corrupt, site=site,
-                direction=job.direction, metric=job.plan.name, note=note)
+    def __call__(self, span: slice) -> _Runs:
+        key = (span.start, span.stop)
+        if key not in self.cache:
+            self.cache.clear()
+            self.cache[key] = _read(self.job, self.stream, span)
+        return self.cache[key]
+
+    def baseline(self, span: slice) -> tuple[np.ndarray, np.ndarray]:
+        """The clean and corrupted metric of each example of ``span`` ``[b]``."""
+        found = self(span)
+        return found.values["clean"], found.values["corrupt"]
+
+
+def _patched(job: Job, stream: Stream, found: _Runs, units: Sequence[Unit]) -> np.ndarray:
+    """``[unit, example]``: the metric of the base run with each unit's layer (at its
+    position) taking the other run's vector, in one forward of ``len(units)`` copies."""
+    base = found.inputs[job.base]
+    source = found.acts[job.other]
+    patch = RowPatch(units, base["input_ids"].shape[0], base["input_ids"].device)
+
+    def fn(layer: int, tensor: torch.Tensor) -> torch.Tensor:  # [rows, seq, d_model]
+        # the vector is the one "head" of a [rows, 1, seq, d_model] view
+        patch.apply(layer, tensor.unsqueeze(1), source[layer].unsqueeze(1))
+        return tensor
+
+    with torch.no_grad(), stream.rewriting(patch.layers, fn):
+        output = job.model(**tiled(base, len(units)))
+    return job.measure(found.metric, output, base, len(units))
+
+
+def _layer_row(example: int, unit: Unit, patched: float) -> Row:
+    return Row(example, unit.layer, None, unit.position, patched)
 
 
 def _read(job: Job, stream: Stream, span: slice) -> _Runs:

@@ -6,20 +6,26 @@ unit of a chunk of ``c`` units (``b · c <= batch_size`` rows, as the perturbati
 row ``k·b + t`` is example ``t`` with unit ``k`` patched. :class:`RowPatch` turns a chunk into
 index tensors per layer, so a layer's rewrite is one indexed copy
 ``tensor[rows, heads(, position)] = source[example, heads(, position)]`` — no loop over heads
-or rows in the forward.
+or rows in the forward. :func:`placed_rows` turns a forward's metrics into table rows and
+:func:`in_order` orders them; the chunks themselves are planned and run (split over the
+ranks) by :func:`attnprobe.core.chunked.run_chunked`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from attnprobe.core.chunked import Chunk, forward_rows
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
+from attnprobe.patch.table import Row
 
-__all__ = ["PER", "RowPatch", "Unit", "chunks", "forward_rows", "tiled", "units_of"]
+__all__ = ["PER", "Placed", "RowPatch", "Unit", "at_positions", "chunks", "forward_rows",
+           "in_order", "placed_rows", "tiled", "units_of"]
 
 PER = ("head", "layer", "scope")  # a unit is one head, one layer's scoped heads, or all
 
@@ -88,13 +94,6 @@ def units_of(scope: Scope, sizes: Mapping[int, tuple[int, int]], per: str) -> li
     return [Unit(g) for g in groups]
 
 
-def forward_rows(batch_size: int, n_examples: int, n_units: int) -> tuple[int, int]:
-    """``(examples, units)`` per forward: ``b`` examples repeated for ``c`` units, ``b·c``
-    rows, at most ``batch_size`` (at least one unit)."""
-    examples = min(batch_size, n_examples)
-    return examples, max(1, min(n_units, batch_size // examples))
-
-
 SHARED = 8  # patches that amortise a forward's fixed cost: a chunk this long ends at a turn
 
 
@@ -114,6 +113,43 @@ def chunks(units: Sequence[Unit], per_forward: int) -> list[tuple[int, int]]:
             found.append((start, i))
             start = i
     return found
+
+
+def at_positions(units: Sequence[Unit], positions: str, lengths: Sequence[int],
+                 span: slice) -> list[Unit]:
+    """The units of a batch of examples (``span``): ``units`` at every position
+    (``positions="all"``), or each at each position of the batch's longest example, unit
+    by unit."""
+    if positions == "all":
+        return list(units)
+    return [u.at(p) for u in units for p in range(max(lengths[span]))]
+
+
+Placed = tuple[int, Row]  # (the unit's place among the scope's units, its row)
+
+
+def head_row(example: int, unit: Unit, patched: float) -> Row:
+    """The row of a patch of ``unit``'s heads on ``example``."""
+    return Row(example, unit.layer, unit.head, unit.position, patched)
+
+
+def placed_rows(chunk: Chunk[Unit], values: np.ndarray, lengths: Sequence[int],
+                n_units: int, row: Callable[[int, Unit, float], Row] = head_row
+                ) -> list[Placed]:
+    """The rows of a chunk's forward: ``row(example, unit, values[k, t])`` for each unit
+    ``k`` and example ``t`` (``values`` ``[unit, example]``), but a position past the end of
+    a shorter example (padding). A batch's units are the scope's ``n_units`` units, each at
+    every position or once per position of the batch; the place is the scope's unit."""
+    width = chunk.total // n_units  # positions per scope unit (1: every position at once)
+    return [((chunk.start + k) // width, row(example, unit, float(values[k, t])))
+            for k, unit, t, example in chunk.rows()
+            if unit.position is None or unit.position < lengths[example]]
+
+
+def in_order(placed: Sequence[Placed]) -> list[Row]:
+    """The rows by scope unit, then position, then example (the table's order)."""
+    found = sorted(placed, key=lambda x: (x[0], x[1].position or 0, x[1].example))
+    return [row for _, row in found]
 
 
 def tiled(inputs: Mapping[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:

@@ -7,11 +7,12 @@ restores the model and verifies it took effect), ``measures`` (output and attent
 ``adversarial`` (the most different attention that keeps the output within ε) and
 ``importance`` (Michel et al.'s head importance and the pruning curve).
 
-Experiments (:func:`run`, tidy tables; ``experiments`` documents them all): each is one
-function and one parameter dataclass (``params``) registered together (``job``, which also
-holds what they share); they live in ``draws`` (permute, dirichlet), ``edits`` (uniform,
-ablate, mean), ``searches`` (erase, adversarial) and ``pruning`` (importance); ``sweeps``
-runs uniform / ablate / mean on each head alone, batched (``run(..., sweep="head")``), and
+Experiments (:func:`run`, tidy tables; ``experiments`` documents what they share): each is
+one function and one parameter dataclass (``params``) registered together with a one-line
+summary (``job``, which also holds what they share) in a module of this package that
+declares its ``RANK``; the modules are discovered when :data:`EXPERIMENTS` is first read, so
+a new experiment is one module (``attnprobe perturb --help`` and the README list them all).
+``sweeps`` runs an experiment on each head alone, batched (``run(..., sweep="head")``), and
 ``table`` makes the tidy table (:data:`RUN_COLUMNS`, then one column per parameter).
 ``readout`` reads and compares the model's outputs, ``budget`` estimates memory and
 ``run_checks`` refuses what cannot run, both before the first forward.

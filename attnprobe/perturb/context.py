@@ -26,7 +26,10 @@ from torch import nn
 from attnprobe.capture import Capture, Keep, Live, Values, capture
 from attnprobe.capture import hf as hf_seam
 from attnprobe.capture.info import attention_sizes, model_scope
-from attnprobe.capture.text import (
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.errors import InputError
+from attnprobe.inputs.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
     batch_spans,
@@ -34,9 +37,6 @@ from attnprobe.capture.text import (
     encode,
     model_inputs,
 )
-from attnprobe.core.distributed import run_sharded
-from attnprobe.core.scope import Scope, ScopeLike
-from attnprobe.errors import InputError
 from attnprobe.perturb.interventions import (
     INTERVENTIONS,
     Intervention,

@@ -46,7 +46,9 @@ from attnprobe.perturb.job import (
 from attnprobe.perturb.params import Params, option
 from attnprobe.perturb.readout import distances_of, mean_row_max, row_max_sums
 
-__all__ = ["DirichletParams", "PermuteParams"]
+__all__ = ["DirichletParams", "PermuteParams", "per_text_draws"]
+
+RANK = 10  # the first experiments listed
 
 DISTANCE_BYTES = 8  # one float64 distance per draw and metric, kept for the median
 SUMMARIES = ("median", "mean", "max")
@@ -101,9 +103,24 @@ class _DrawBar:
             self._bar.close()
 
 
-def _per_text_draws(job: Job, intervention: Any, n: int) -> list[Row]:
-    """:func:`_draws` of every text (sharded), with a bar over the draws instead of the
-    texts (one text can take hours)."""
+def per_text_draws(job: Job, intervention: Any, n: int) -> list[Row]:
+    """The rows of a random-draw experiment: ``n`` draws of ``intervention`` on every text,
+    ``job.batch_size`` draws of one text per forward (module docstring), sharded over the
+    texts, with a bar over the draws instead of the texts (one text can take hours).
+
+    Args:
+        job: the experiment's job (its scope, seed, metric and batch size).
+        intervention: an attention intervention (:mod:`attnprobe.perturb.interventions`)
+            called as ``intervention(pattern [1, head, query, key], heads, generator,
+            layer=)``; draw ``j`` of text ``i`` gets the generator seeded from ``(seed, i,
+            j)``.
+        n: draws per text.
+
+    Returns:
+        Per text: the median / mean / max output change over the draws (or, with a scalar
+        metric, one row per summary: median, mean, min, max) and ``max_attention`` before
+        and after (the mean over the draws), ``perturbation`` ``intervention.name``.
+    """
     bar = _DrawBar(job, n)
     try:
         quiet = replace(job, progress=False)
@@ -181,10 +198,12 @@ class PermuteParams(Params):
         return _footprint(batch_size, self.n_permutations, "n_permutations")
 
 
-@register_experiment("permute", PermuteParams)
+@register_experiment("permute", PermuteParams, summary=(
+    "Jain & Wallace: n_permutations permutations of the scoped rows per text (each over its "
+    "valid keys); the median / mean / max output change and the max attention"))
 def _permute(job: Job) -> list[Row]:
     """Jain & Wallace's permutations, ``n_permutations`` per text."""
-    return _per_text_draws(job, Permute(), job.params.n_permutations)
+    return per_text_draws(job, Permute(), job.params.n_permutations)
 
 
 @dataclass(frozen=True)
@@ -199,8 +218,10 @@ class DirichletParams(Params):
         return _footprint(batch_size, self.n_draws, "n_draws")
 
 
-@register_experiment("dirichlet", DirichletParams)
+@register_experiment("dirichlet", DirichletParams, summary=(
+    "Wiegreffe & Pinter's random baseline: n_draws re-draws of every scoped row from "
+    "Dirichlet(alpha), summarised like permute"))
 def _dirichlet(job: Job) -> list[Row]:
     """Wiegreffe & Pinter's random re-draws from Dirichlet(alpha), batched like permute."""
     intervention = Dirichlet(alpha=job.params.alpha)
-    return _per_text_draws(job, intervention, job.params.n_draws)
+    return per_text_draws(job, intervention, job.params.n_draws)

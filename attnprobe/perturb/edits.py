@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnprobe.capture.text import batch_spans
+from attnprobe.inputs.text import batch_spans
 from attnprobe.perturb.context import head_output_means
 from attnprobe.perturb.interventions import Mean, Uniform, Zero
 from attnprobe.perturb.job import (
@@ -27,13 +27,27 @@ from attnprobe.perturb.job import (
 )
 from attnprobe.perturb.sweeps import sweep_rows
 
-__all__: list[str] = []  # the experiments are reached through run()
+__all__ = ["one_shot"]
+
+RANK = 20  # after the random draws
 
 
-def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
-    """``intervention`` on every text, ``batch_size`` texts per forward (the batches are the
-    units split over processes, so a split run pads exactly as one process does); with
-    ``job.sweep``, on each head (layer) of the scope alone."""
+def one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
+    """The rows of a one-edit experiment: ``intervention`` on every text, ``batch_size``
+    texts per forward (the batches are the units split over processes, so a split run pads
+    exactly as one process does); with ``job.sweep``, on each head (layer) of the scope
+    alone (:func:`~attnprobe.perturb.sweeps.sweep_rows`).
+
+    Args:
+        job: the experiment's job.
+        intervention: an attention intervention (:mod:`attnprobe.perturb.interventions`).
+        params: the rows' parameter columns (:meth:`~attnprobe.perturb.job.Job.record`).
+
+    Returns:
+        One row per text (per head or layer in a sweep) and metric, ``perturbation``
+        ``intervention.name``; an :class:`~attnprobe.errors.EditNotAppliedError` when the
+        edit changed no weight.
+    """
     if job.sweep:
         return sweep_rows(job, intervention, params)
     scope = job.scope
@@ -54,19 +68,24 @@ def _one_shot(job: Job, intervention: Any, params: dict[str, Any]) -> list[Row]:
     return [row for part in parts for row in part]
 
 
-@register_experiment("uniform", sweeps=True)
+@register_experiment("uniform", sweeps=True, summary=(
+    "Kovaleva et al. / Wiegreffe & Pinter: uniform weights over the valid keys of every "
+    "scoped row"))
 def _uniform(job: Job) -> list[Row]:
     """Uniform weights over the valid keys of every scoped row."""
-    return _one_shot(job, Uniform(), job.record())
+    return one_shot(job, Uniform(), job.record())
 
 
-@register_experiment("ablate", sweeps=True)
+@register_experiment("ablate", sweeps=True, summary=(
+    "Michel et al.: the scoped heads' weights zeroed, so their output is 0"))
 def _ablate(job: Job) -> list[Row]:
     """Zero-ablation: the scoped heads contribute nothing."""
-    return _one_shot(job, Zero(), job.record())
+    return one_shot(job, Zero(), job.record())
 
 
-@register_experiment("mean", sweeps=True)
+@register_experiment("mean", sweeps=True, summary=(
+    "mean-ablation: the scoped heads' outputs replaced by their mean output over the same "
+    "texts (transformers models)"))
 def _mean(job: Job) -> list[Row]:
     """Mean-ablation with each head's mean output over the same texts (summed over every
     process before use, when split)."""
@@ -74,5 +93,5 @@ def _mean(job: Job) -> list[Row]:
                               layers=job.scope.layers, batch_size=job.batch_size,
                               truncation=job.truncation, max_length=job.max_length,
                               distributed=job.distributed)
-    return _one_shot(job, Mean(means=means),
+    return one_shot(job, Mean(means=means),
                      job.record(means_from="texts", n_texts=len(job.texts)))

@@ -4,40 +4,14 @@ Every experiment is one function and one parameter dataclass registered together
 :data:`EXPERIMENTS` (:func:`~attnprobe.perturb.job.register_experiment`); the dataclass is
 the one place its options live: it checks them in :func:`run`, makes the flags of
 ``attnprobe perturb`` and fills the parameter columns. Every experiment returns the columns
-:data:`RUN_COLUMNS` first, so tables concatenate over experiments, models and runs:
+:data:`RUN_COLUMNS` first, so tables concatenate over experiments, models and runs.
 
-===============  ===========================================================================
-experiment       what it does (``perturbation`` column); its options (default)
-===============  ===========================================================================
-``permute``      Jain & Wallace: per text, ``n_permutations`` (100) permutations of the scoped
-                 rows (each over its valid keys), one per batch row; rows: the median / mean /
-                 max over the permutations of every output change, and the text's
-                 ``max_attention`` (``permute``)
-``dirichlet``    Wiegreffe & Pinter's random baseline: the same with ``n_draws`` (100)
-                 re-draws of every scoped row from Dirichlet(``alpha``) (1.0) (``dirichlet``)
-``uniform``      Kovaleva / W&P: uniform weights over the valid keys of the scope; no options;
-                 ``sweep="head"``: each head alone
-``ablate``       Michel et al.: the scoped heads' weights zeroed, their output is 0 (``zero``);
-                 ``sweep="head"``: each head alone
-``mean``         mean-ablation: the scoped heads' outputs replaced by their mean output over
-                 the same ``texts`` (:func:`~attnprobe.perturb.head_output_means`; transformers
-                 models only) (``mean``); ``sweep="head"``: each head alone
-``erase``        Serrano & Smith: keys erased in every scoped row, one more per step, in the
-                 orders ``rankings`` (attention received, Integrated Gradients with
-                 ``n_steps`` (50), random; any attribution method); the change after erasing
-                 ``1..max_erased`` (1) keys and the fraction of keys erased before the decision
-                 flips (``erase``)
-``adversarial``  Jain & Wallace: per text and scoped layer, the most different attention
-                 (JSD) that keeps the output within TVD ``eps`` (0.01): ``n_adversaries`` (5)
-                 trained ``steps`` (500) Adam steps at rate ``lr`` (0.01) (``adversarial``)
-``importance``   Michel et al.: head importance ``E|∂L/∂ξ_h|`` of the scoped heads over the
-                 corpus, and the pruning curve in order of increasing importance with
-                 ``prune_steps`` points (None: one after every head) (``zero``)
-``knockout``     Geva et al. 2023: the ``edges`` (``to:0``, ``from:-1``, ``last-to:1-3``,
-                 ``edge:5>2`` or a callable; :mod:`attnprobe.perturb.edges`) blocked before
-                 the softmax in the scoped heads, rows renormalised (``knockout``);
-                 ``sweep="layer"`` / ``"head"``: each layer / head alone
-===============  ===========================================================================
+The experiments — :data:`EXPERIMENTS`, discovered from the modules of :mod:`attnprobe.perturb`
+(each declares ``RANK`` and registers itself with a one-line summary) — with their options and
+defaults are listed by ``attnprobe perturb --help`` and by the README's generated table
+(``make readme``); the module that registers an experiment documents it (``permute`` and
+``dirichlet`` in :mod:`~attnprobe.perturb.draws`, ``uniform``, ``ablate`` and ``mean`` in
+:mod:`~attnprobe.perturb.edits` ...), and :func:`params_of` gives its parameter dataclass.
 
 **Metric** (``metric=``, :mod:`attnprobe.perturb.scoring`): ``"next-token"`` (default) is the
 distributional change of the output each experiment reports below (``tvd``, ``jsd``,
@@ -47,16 +21,17 @@ of the one metric vocabulary (:mod:`attnprobe.core.metric`: ``logit:T``, ``prob:
 callable ``(output, batch) -> Tensor[batch]`` is read on the unperturbed and the perturbed
 output of each example: ``metric`` is the spec, ``baseline`` / ``perturbed`` its values,
 ``change`` their difference, ``positions`` (``positions=``; default the last real token,
-every position for ``loss``) where it was read. ``uniform``, ``ablate``, ``mean`` (and their
-sweeps), ``knockout``, ``permute`` and ``dirichlet`` (one row per ``summary``: median, mean,
-min, max over the draws) take one; ``erase``, ``adversarial`` and ``importance`` measure
-something else and refuse it (:func:`reads_metric`).
+every position for ``loss``) where it was read. Which experiments take one is
+:func:`reads_metric` (the README's table marks them; the random draws give one row per
+``summary``: median, mean, min, max over the draws); the others measure something else and
+refuse it.
 
 **Shared options** (keywords of :func:`run`, the same for every experiment): ``scope``,
-``batch_size`` (rows per forward, default 16: texts for uniform / ablate / mean / importance /
-knockout, texts × heads for their sweeps, draws of one text for permute / dirichlet, erasure
-steps of one text for erase), ``truncation``, ``seed``, ``progress``, ``output``,
-``target``, ``metric``, ``positions``, ``distributed`` and ``sweep`` (below).
+``batch_size`` (rows per forward, default 16: texts, texts × heads in a sweep, or what the
+experiment's module says: draws of one text for the random draws, erasure steps of one text
+for ``erase``), ``truncation``, ``max_length``, ``seed``, ``progress``, ``distributed`` (the
+corpus options: one :class:`~attnprobe.core.corpus_options.CorpusOptions` or its keywords),
+``output``, ``target``, ``metric``, ``positions`` and ``sweep`` (below).
 
 **Columns** (:mod:`attnprobe.perturb.table` documents each): :data:`RUN_COLUMNS` —
 ``experiment``, ``perturbation``, ``scope`` (the heads the row's perturbation acted on),
@@ -70,8 +45,8 @@ particular to the row. Distances and scores of the perturbation itself (``tvd``,
 ``flip``, ``cosine_distance``, ``importance`` ...) have ``baseline = 0``, so
 ``change == perturbed``.
 
-**Sweeps** (``sweep="head"`` or ``"layer"``; ``uniform``, ``ablate``, ``mean`` and
-``knockout``): every
+**Sweeps** (``sweep="head"`` or ``"layer"``; the experiments registered with ``sweeps=True``,
+:attr:`~attnprobe.core.experiments.Experiment.sweeps`): every
 head (every layer's scoped heads) of ``scope`` perturbed *alone*, the text batch repeated once
 per head in one forward (:mod:`attnprobe.perturb.sweeps`); one row per head, text and metric,
 equal to the rows of a run with ``scope="head:L.H"`` up to float rounding.
@@ -114,24 +89,11 @@ from torch import nn
 
 from attnprobe.capture import capture
 from attnprobe.capture.info import attention_sizes, model_scope
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Truncation,
-    prepare_corpus,
-    truncation_mode,
-)
-from attnprobe.capture.token_ids import check_inputs
-from attnprobe.core.checks import check_number
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import rank_and_world
-from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
-from attnprobe.perturb import (  # noqa: F401  register them all
-    draws,
-    edits,
-    knockouts,
-    pruning,
-    searches,
-)
+from attnprobe.inputs.text import prepare_corpus
+from attnprobe.inputs.token_ids import check_inputs
 from attnprobe.perturb.budget import Footprint, check_budget
 from attnprobe.perturb.job import (
     CORPUS,
@@ -142,6 +104,7 @@ from attnprobe.perturb.job import (
     Job,
     named_errors,
 )
+from attnprobe.perturb.params import SHARED
 from attnprobe.perturb.readout import OUTPUTS, OutputChoice, Reader, pick_reader
 from attnprobe.perturb.run_checks import (
     check_metric,
@@ -159,40 +122,50 @@ from attnprobe.perturb.scoring import DEFAULT_METRIC, scalar_metric
 from attnprobe.perturb.sweeps import forward_rows, sweep_units
 from attnprobe.perturb.table import tidy
 
-__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SWEEPS", "Experiment",
+__all__ = ["CORPUS", "EXPERIMENTS", "OUTPUTS", "RUN_COLUMNS", "SHARED", "SWEEPS", "Experiment",
            "knockout", "params_of", "reads_metric", "reads_target", "run"]
 
 
 def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment: str, *,
-        scope: str | Scope = "all", batch_size: int = DEFAULT_BATCH_SIZE,
-        truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-        output: OutputChoice = "auto", target: Any = None, metric: Any = DEFAULT_METRIC,
-        positions: Any = None, max_length: int | None = None,
-        distributed: bool | None = None, sweep: str | None = None,
-        **options: Any) -> pd.DataFrame:
+        corpus: CorpusOptions | None = None, output: OutputChoice = "auto", target: Any = None,
+        metric: Any = DEFAULT_METRIC, positions: Any = None, sweep: str | None = None,
+        **keywords: Any) -> pd.DataFrame:
     """Run one perturbation experiment over ``texts`` and return a tidy table.
+
+    The corpus options (``scope``, ``batch_size``, ``truncation``, ``seed``, ``progress``,
+    ``max_length``, ``distributed``) come as one ``corpus=``
+    :class:`~attnprobe.core.corpus_options.CorpusOptions` or as keywords; the other
+    keywords are the experiment's own options.
+
+    What the corpus options mean here:
+
+    - ``scope``: which heads are perturbed, in the scope language (``"all"``, ``"layer:3"``,
+      ``"heads:0.2,1.8"``, ``"L3H5"`` ...) or a :class:`~attnprobe.core.scope.Scope`.
+    - ``batch_size``: rows per forward (default 16; module docstring). Part of the shared
+      signature: ``adversarial`` optimises its ``n_adversaries`` as one batch instead.
+    - ``truncation``: ``"error"`` (default), ``"cut"`` or ``"skip"`` for texts longer than the
+      model allows (skipped texts keep their index out of ``example_id``).
+    - ``seed``: seeds every random choice (permutations, draws, the random erasure order,
+      adversary initialisations); the same call gives the same table. ``uniform``,
+      ``ablate``, ``mean`` and ``importance`` draw nothing (their table has no
+      ``seed`` column).
+    - ``progress``: a progress bar (tqdm) over the texts or batches (over the draws for
+      ``permute`` / ``dirichlet``, with the time left).
+    - ``max_length``: a cap on tokens per text below the model's own limit (``truncation``
+      says what happens to longer texts).
+    - ``distributed``: split the texts over the ranks of an initialised ``torch.distributed``
+      group and return the single-process table on every rank (default: when a group
+      is initialised; ``True`` without one is an error).
 
     Args:
         model / tokenizer: an attnprobe reference model or a transformers model (any
             attention backend), in eval mode, and its tokenizer.
         texts: the examples (one row group per text; ``example_id`` is the index).
         experiment: a name in :data:`EXPERIMENTS` (see the module docstring).
-        scope: which heads are perturbed, in the scope language (``"all"``, ``"layer:3"``,
-            ``"heads:0.2,1.8"``, ``"L3H5"`` ...) or a :class:`~attnprobe.core.scope.Scope`.
-        batch_size: rows per forward (default 16; module docstring). Part of the shared
-            signature: ``adversarial`` optimises its ``n_adversaries`` as one batch instead.
         sweep: ``"head"``: each head of ``scope`` perturbed alone, one row per head, text
             and metric; ``"layer"``: each layer's scoped heads together (``uniform``,
             ``ablate``, ``mean``; batched, module docstring). Default: the whole scope at
             once.
-        truncation: ``"error"`` (default), ``"cut"`` or ``"skip"`` for texts longer than the
-            model allows (skipped texts keep their index out of ``example_id``).
-        seed: seeds every random choice (permutations, draws, the random erasure order,
-            adversary initialisations); the same call gives the same table. ``uniform``,
-            ``ablate``, ``mean`` and ``importance`` draw nothing (their table has no
-            ``seed`` column).
-        progress: a progress bar (tqdm) over the texts or batches (over the draws for
-            ``permute`` / ``dirichlet``, with the time left).
         output: ``"auto"``, ``"classifier"``, ``"lm"`` or ``"embedding"`` (module docstring).
         target: ``erase``: what the attribution ranking explains (default: the predicted
             class ``class:K``, ``next-token``, or ``similarity:<the text itself>`` for
@@ -210,12 +183,10 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         positions: where a metric spec reads: ``"last"`` (default; ``"all"`` for
             ``loss``), ``"all"``, a list of positions, or one list per text of ``texts``
             (positions count real tokens; negative from the end).
-        max_length: a cap on tokens per text below the model's own limit (``truncation``
-            says what happens to longer texts).
-        distributed: split the texts over the ranks of an initialised ``torch.distributed``
-            group and return the single-process table on every rank (default: when a group
-            is initialised; ``True`` without one is an error).
-        **options: the experiment's own options, its parameter dataclass's fields
+        corpus: the corpus options as one object (keywords of the same names override it);
+            ``budget`` is refused (the memory budget is estimated, module docstring).
+        **keywords: the corpus options above, and the experiment's own options, its
+            parameter dataclass's fields
             (:func:`params_of`; the module docstring lists them), e.g. ``n_permutations=20``
             for ``permute`` or ``eps=0.05`` for ``adversarial``.
 
@@ -243,35 +214,38 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
         >>> ablated = ap.perturb.run(model, tok, texts, "ablate", sweep="head")
         >>> ablated[ablated.metric == "tvd"].pivot_table("change", "layer", "head")
     """
+    given, options = CorpusOptions.split(keywords)
+    corpus = CorpusOptions.merged(corpus, given)
+    if corpus.budget is not None:
+        raise InputError("perturb.run takes no budget: the memory a run needs is estimated "
+                         "before the first forward (lower batch_size instead)")
     spec = experiment_named(experiment)
     params = spec.params.build(spec.name, options)
     missing = params.missing()
     if missing is not None:
         raise InputError(missing)
     check_sweep(spec, sweep)
-    check_number("batch_size", batch_size, integer=True, minimum=1)
-    check_number("seed", seed, integer=True, minimum=0)
-    mode = truncation_mode(truncation)
+    batch_size, mode, max_length = corpus.batch(), corpus.truncation_mode, corpus.max_length
     check_model(model, output)
-    rank_and_world(distributed)  # distributed=True without a process group fails here
+    rank_and_world(corpus.distributed)  # distributed=True without a process group fails here
     check_target(spec.name, params, target)
     texts = check_inputs(texts)  # None, a number ...: the one-line error every entry point gives
     scalar = scalar_metric(metric, tokenizer, positions, len(texts))
     check_metric(spec.name, params, output, scalar)
-    corpus = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
-    scope = model_scope(model, scope)
-    seq = longest_tokens(model, tokenizer, corpus.texts, mode, max_length)
-    need = params.footprint(batch_size, len(corpus.texts), seq)
+    prepared = prepare_corpus(model, tokenizer, texts, truncation=mode, max_length=max_length)
+    scope = model_scope(model, corpus.scope)
+    seq = longest_tokens(model, tokenizer, prepared.texts, mode, max_length)
+    need = params.footprint(batch_size, len(prepared.texts), seq)
     if sweep is not None:  # the text batch repeated once per head: b texts x c heads rows
         n_units = len(sweep_units(scope, *attention_sizes(model), sweep))
-        texts_per, units_per = forward_rows(batch_size, len(corpus.texts), n_units)
+        texts_per, units_per = forward_rows(batch_size, len(prepared.texts), n_units)
         need = Footprint(texts_per * units_per)
     check_budget(model, spec.name, need, seq, option_names(spec.params))
-    job = Job(spec.name, model, tokenizer, corpus.texts, tuple(int(i) for i in corpus.ids),
-              scope, Reader("classifier"), params, seed, target, batch_size,
-              "cut" if mode == "cut" else "error", max_length, progress, distributed, sweep,
-              scalar)
-    first = job.encode(corpus.texts[:1])
+    job = Job(spec.name, model, tokenizer, prepared.texts, tuple(int(i) for i in prepared.ids),
+              scope, Reader("classifier"), params, corpus.seed, target, batch_size,
+              "cut" if mode == "cut" else "error", max_length, corpus.progress,
+              corpus.distributed, sweep, scalar)
+    first = job.encode(prepared.texts[:1])
     with named_errors(job, "unperturbed forward"), torch.no_grad(), \
             capture(model, scope, parts=[]):
         first_output = model(**first)
@@ -289,10 +263,9 @@ def run(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, experiment
 
 
 def knockout(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, edges: Any, *,
-             scope: str | Scope = "all", metric: Any = DEFAULT_METRIC, positions: Any = None,
-             batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-             seed: int = 0, progress: bool = False, distributed: bool | None = None,
-             sweep: str | None = None, max_length: int | None = None) -> pd.DataFrame:
+             corpus: CorpusOptions | None = None, metric: Any = DEFAULT_METRIC,
+             positions: Any = None, sweep: str | None = None,
+             **keywords: Any) -> pd.DataFrame:
     """Attention knockout (Geva et al. 2023): ``edges`` blocked before the softmax in the
     scoped heads, and the change of ``metric`` per text — ``run(..., "knockout",
     edges=edges)``.
@@ -306,13 +279,13 @@ def knockout(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, edges
             Positions count each text's real tokens from 0; ``-1`` / ``last`` is the last.
             The named kinds never block a token's edge to itself
             (:mod:`attnprobe.perturb.edges`).
-        scope: the layers and heads whose edges are blocked.
         metric / positions: what is measured and where (:func:`run`); default the
             distributional change of the next-token prediction.
         sweep: ``"layer"`` (``"head"``): each layer's scoped heads (each head) knocked out
             alone, batched; one row per layer (head), text and metric.
-        batch_size / truncation / seed / progress / distributed / max_length: as for
-            :func:`run`.
+        corpus / **keywords: the corpus options (``scope``: the layers and heads whose edges
+            are blocked; ``batch_size``, ``truncation``, ``seed``, ``progress``,
+            ``distributed``, ``max_length``), as for :func:`run`.
 
     Returns:
         The :func:`run` table: ``experiment`` and ``perturbation`` ``knockout``, ``scope``,
@@ -331,7 +304,6 @@ def knockout(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, edges
         ...                            metric="logit:t05")
         >>> last[["layer", "baseline", "perturbed", "change"]]  # one row per layer
     """
-    return run(model, tokenizer, texts, "knockout", scope=scope, batch_size=batch_size,
-               truncation=truncation, seed=seed, progress=progress, metric=metric,
-               positions=positions, max_length=max_length, distributed=distributed,
-               sweep=sweep, edges=edges)
+    corpus = CorpusOptions.merged(corpus, keywords, owner="perturb.knockout")
+    return run(model, tokenizer, texts, "knockout", corpus=corpus, metric=metric,
+               positions=positions, sweep=sweep, edges=edges)

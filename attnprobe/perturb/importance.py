@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from attnprobe.capture import Edit, Live, Site, capture
-from attnprobe.capture.text import Truncation, batch_spans, check_inputs, encode, model_inputs
 from attnprobe.core.autograd import gradients_reach
 from attnprobe.core.distributed import run_sharded
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import Truncation, batch_spans, check_inputs, encode, model_inputs
 from attnprobe.types import head_id
 
 __all__ = ["IMPORTANCE_COLUMNS", "PRUNING_COLUMNS", "curve_points", "head_importance",

@@ -3,35 +3,43 @@ experiment function receives, the rows it returns, its seeds, its forwards throu
 seam, and its share of the texts when the work is split over processes.
 
 An experiment is one function ``fn(job) -> list[Row]`` and one parameter dataclass (a
-:class:`~attnprobe.perturb.params.Params`), registered together with
-:func:`register_experiment`; adding one touches one file. The experiments live in
-:mod:`attnprobe.perturb.draws`, :mod:`attnprobe.perturb.edits`,
-:mod:`attnprobe.perturb.knockouts`, :mod:`attnprobe.perturb.pruning` and
-:mod:`attnprobe.perturb.searches`; :mod:`attnprobe.perturb.experiments` imports them all, so
-:data:`EXPERIMENTS` is complete once that module is imported.
+:class:`~attnprobe.perturb.params.Params`), registered together with a one-line summary by
+:func:`register_experiment` in a module of :mod:`attnprobe.perturb`. The modules are
+discovered (:class:`~attnprobe.core.experiments.ExperimentRegistry`: every module of the
+package is imported, in declared ``RANK`` order, the first time :data:`EXPERIMENTS` is
+read), so adding an experiment touches one file: its module, which declares ``RANK`` and
+builds on the public helpers here (:func:`clean_output`, :func:`perturbed_output`,
+:func:`rows_of`, :func:`named_errors`, :meth:`Job.per_text`, :meth:`Job.sharded`) and on
+:func:`attnprobe.perturb.draws.per_text_draws` / :func:`attnprobe.perturb.edits.one_shot` for
+the two common shapes (``N`` random draws per text; one edit per text batch, with sweeps).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, TypeVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnprobe.capture import Keep, capture
-from attnprobe.capture.text import Text, encode, model_inputs
-from attnprobe.core.distributed import run_sharded
-from attnprobe.core.registry import Registry
+from attnprobe.core.experiments import (
+    Experiment,
+    ExperimentRegistry,
+    Sharded,
+    experiment_registrar,
+)
+from attnprobe.core.options import Options
 from attnprobe.core.scope import Scope
 from attnprobe.errors import (
     AttentionUnavailableError,
     EditNotAppliedError,
     HookNotFiredError,
 )
+from attnprobe.inputs.text import Text, encode, model_inputs
 from attnprobe.perturb.context import perturbed
 from attnprobe.perturb.params import SHARED, Params
 from attnprobe.perturb.readout import Reader, measure
@@ -45,29 +53,11 @@ SWEEPS = ("head", "layer")  # run(sweep=...): each head, or each layer, of the s
 CORPUS = "all"  # example_id of rows about the whole corpus
 STREAMS = {"draws": 0, "erase": 1, "adversarial": 2}  # independent random streams per use
 
-U = TypeVar("U")
-R = TypeVar("R")
-
-
 # ----------------------------------------------------------------------------- registry
-@dataclass(frozen=True)
-class Experiment:
-    """One experiment: ``fn(job) -> rows``, its parameter dataclass, and whether it runs
-    sweeps (``run(sweep=...)``: ``fn`` then reads ``job.sweep``)."""
-
-    name: str
-    fn: Callable[[Job], list[Row]] = field(repr=False)
-    params: type[Params] = Params
-    sweeps: bool = False
+EXPERIMENTS = ExperimentRegistry("experiment", "attnprobe.perturb")
 
 
-EXPERIMENTS: Registry[Experiment] = Registry("experiment")
-
-
-def register_experiment(name: str, params: type[Params] = Params, *, sweeps: bool = False
-                        ) -> Callable[[Callable], Callable]:
-    """Register ``fn(job) -> rows`` as experiment ``name`` with its parameter dataclass;
-    ``sweeps``: it also runs ``run(sweep="head" | "layer")`` (``job.sweep``)."""
+def _runnable(name: str, params: type[Options]) -> None:
     taken = sorted({f.name for f in fields(params)} & set(SHARED))
     if taken:  # run() takes these keywords itself: such an option could never be given
         raise TypeError(f"experiment {name!r}: options {taken} are shared run() keywords")
@@ -75,11 +65,13 @@ def register_experiment(name: str, params: type[Params] = Params, *, sweeps: boo
     if named:  # each option is a column of the table, next to these
         raise TypeError(f"experiment {name!r}: options {named} are table columns")
 
-    def add(fn: Callable) -> Callable:
-        EXPERIMENTS.register(name)(Experiment(name, fn, params, sweeps))
-        return fn
 
-    return add
+register_experiment = experiment_registrar(EXPERIMENTS, Params, check=_runnable)
+"""``@register_experiment(name, params=Params, *, summary, sweeps=False)`` on ``fn(job) ->
+list[Row]``: experiment ``name`` with its parameter dataclass and its one-line ``summary``
+(``--help``, the README); ``sweeps``: it also runs ``run(sweep="head" | "layer")`` (``fn``
+then reads ``job.sweep``). An option named like a shared ``run()`` keyword or a table column
+is a TypeError at registration."""
 
 
 # ----------------------------------------------------------------------------- rows and jobs
@@ -98,7 +90,7 @@ class Row(NamedTuple):
 
 
 @dataclass(frozen=True, eq=False)
-class Job:
+class Job(Sharded):
     """Everything an experiment function needs (built and checked by
     :func:`~attnprobe.perturb.experiments.run`). ``ids[i]`` is the index of ``texts[i]`` in
     the caller's list (texts left out by ``truncation="skip"`` have none), so every seed and
@@ -121,6 +113,9 @@ class Job:
     distributed: bool | None
     sweep: str | None = None  # "head" / "layer": each unit of the scope alone (SWEEPS)
     scalar: Scalar | None = None  # a scalar metric (perturb.scoring); None: the reader's change
+
+    family: ClassVar[str] = "perturb"  # progress bars read "perturb <name>"
+    unit: ClassVar[str] = "text"
 
     def encode(self, texts: Sequence[Text]) -> dict[str, torch.Tensor]:
         batch = encode(self.model, self.tokenizer, texts, truncation=self.truncation,
@@ -154,13 +149,6 @@ class Job:
             return self.scalar.compare(before, after)
         return measure(self.reader.kind, before, after)
 
-    def sharded(self, fn: Callable[[U], R], units: Sequence[U], *, unit: str = "text",
-                desc: str = "") -> list[R]:
-        """``[fn(u) for u in units]``, split over the ranks when distributed (every rank gets
-        every result, in unit order), with a progress bar when asked for."""
-        return run_sharded(fn, units, distributed=self.distributed, progress=self.progress,
-                           desc=desc or f"perturb {self.name}", unit=unit)
-
     def per_text(self, fn: Callable[[int, str], list[Row]]) -> list[Row]:
         """``fn(id, text)`` for every text, sharded; the rows in text order."""
         parts = self.sharded(lambda item: fn(*item), self.examples())
@@ -170,6 +158,8 @@ class Job:
 def rows_of(measures: Mapping[str, tuple[torch.Tensor, torch.Tensor]], row: int, *,
             perturbation: str, params: dict[str, Any], scope: Scope | str, example: str,
             step: int | None = None) -> list[Row]:
+    """One :class:`Row` per metric of :meth:`Job.compare`'s ``measures`` (``{metric:
+    (baseline [batch], perturbed [batch])}``), read at batch row ``row``."""
     return [Row(perturbation, params, scope, example, step, metric, float(base[row]),
                 float(after[row])) for metric, (base, after) in measures.items()]
 

@@ -27,8 +27,8 @@ import torch
 
 from attnprobe.capture import Part, capture
 from attnprobe.capture.info import causal_of
-from attnprobe.capture.text import batch_spans
 from attnprobe.errors import EditNotAppliedError, InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.perturb.edges import EdgeMasks, Edges, RowUnit, parse_edges
 from attnprobe.perturb.job import (
     Job,
@@ -42,6 +42,8 @@ from attnprobe.perturb.params import Params, option
 from attnprobe.perturb.sweeps import Unit, UnitForward, unit_rows
 
 __all__ = ["KnockoutParams"]
+
+RANK = 50  # the last one listed
 
 PERTURBATION = "knockout"
 
@@ -157,7 +159,9 @@ class _EachUnit:
             "could see; leave it out of the scope, choose other edges or drop the text")
 
 
-@register_experiment("knockout", KnockoutParams, sweeps=True)
+@register_experiment("knockout", KnockoutParams, sweeps=True, summary=(
+    "Geva et al. 2023: the edges (to:, from:, last-to:, edge:Q>K or a callable) blocked "
+    "before the softmax in the scoped heads, rows renormalised"))
 def _knockout(job: Job) -> list[Row]:
     """Attention knockout of ``edges`` in the scoped heads (module docstring)."""
     _check_model(job)

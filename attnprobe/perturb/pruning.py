@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.perturb.budget import Footprint
 from attnprobe.perturb.importance import curve_points, head_importance, pruned_outputs
 from attnprobe.perturb.job import CORPUS, Job, Row, clean_output, named_errors, register_experiment
@@ -27,6 +27,8 @@ from attnprobe.perturb.readout import distances_of, measure
 from attnprobe.types import head_id
 
 __all__ = ["ImportanceParams"]
+
+RANK = 40  # after the searches
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,9 @@ def _curve(job: Job, order: list[tuple[int, int]], counts: list[int]) -> torch.T
     return total / len(job.texts)
 
 
-@register_experiment("importance", ImportanceParams)
+@register_experiment("importance", ImportanceParams, summary=(
+    "Michel et al.: head importance E|dL/dxi_h| of the scoped heads over the corpus, and the "
+    "pruning curve in order of increasing importance"))
 def _importance(job: Job) -> list[Row]:
     """Michel et al.'s head importance and pruning curve, least important heads first."""
     with named_errors(job, "head importance"):

@@ -10,11 +10,11 @@ from typing import Any
 
 from torch import nn
 
-from attnprobe.capture.text import max_length_of, token_lengths
 from attnprobe.core.checks import check_eval
 from attnprobe.core.options import option_flag
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import max_length_of, token_lengths
 from attnprobe.perturb.interventions import INTERVENTIONS
 from attnprobe.perturb.job import EXPERIMENTS, SWEEPS, Experiment
 from attnprobe.perturb.params import Params

@@ -40,6 +40,8 @@ from attnprobe.perturb.readout import Reader, mean_row_max, measure, row_max_sum
 
 __all__ = ["AdversarialParams", "EraseParams"]
 
+RANK = 30  # after the one-edit experiments
+
 DEFAULT_RANKINGS = ("attention", "integrated_gradients", "random")
 _OWN_ORDERS = ("attention", "random")  # the key orders that are not attribution methods
 
@@ -179,7 +181,10 @@ def _erase_text(job: Job, i: int, text: str) -> list[Row]:
     return rows
 
 
-@register_experiment("erase", EraseParams)
+@register_experiment("erase", EraseParams, summary=(
+    "Serrano & Smith: keys erased in every scoped row, one more per step, in the orders of "
+    "rankings; the change after 1..max_erased keys and the fraction erased before the "
+    "decision flips"))
 def _erase(job: Job) -> list[Row]:
     """Serrano & Smith's erasure in attention, attribution and random order."""
     return job.per_text(lambda i, text: _erase_text(job, i, text))
@@ -260,7 +265,9 @@ def _adversarial_text(job: Job, i: int, text: str) -> list[Row]:
     return rows
 
 
-@register_experiment("adversarial", AdversarialParams)
+@register_experiment("adversarial", AdversarialParams, summary=(
+    "Jain & Wallace: per text and scoped layer, the most different attention (JSD) that keeps "
+    "the output within TVD eps, from n_adversaries Adam searches"))
 def _adversarial(job: Job) -> list[Row]:
     """Jain & Wallace's adversarial attention per example and scoped layer."""
     return job.per_text(lambda i, text: _adversarial_text(job, i, text))

@@ -35,9 +35,9 @@ import torch
 from attnprobe.capture import Part, capture
 from attnprobe.capture import hf as hf_seam
 from attnprobe.capture.info import attention_sizes
-from attnprobe.capture.text import batch_spans
 from attnprobe.core.scope import Scope
 from attnprobe.errors import EditNotAppliedError, InputError
+from attnprobe.inputs.text import batch_spans
 from attnprobe.perturb.interventions import edit_part
 from attnprobe.perturb.job import SWEEPS, Job, Row, clean_output, named_errors, rows_of
 

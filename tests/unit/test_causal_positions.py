@@ -126,7 +126,12 @@ def test_negative_positions_count_from_each_inputs_end(lm):
 
 # ----------------------------------------------------------------------------- item 24
 def test_one_name_for_one_idea_across_the_causal_lab():
-    entries = [ap.patch.heads, ap.patch.path, ap.patch.attribution, ap.heads.logit_attribution]
+    # patch.heads / path / attribution hand these keywords on to patch.run (issue 25: at
+    # most 10 parameters each), so run() is where the shared names are declared.
+    wrappers = [ap.patch.heads, ap.patch.path, ap.patch.attribution]
+    assert all(any(p.kind is inspect.Parameter.VAR_KEYWORD
+                   for p in inspect.signature(fn).parameters.values()) for fn in wrappers)
+    entries = [ap.patch.run, ap.heads.logit_attribution]
     for name in ("metric", "metric_positions", "pairs"):
         found = [inspect.signature(fn).parameters.get(name) for fn in entries]
         assert all(p is not None for p in found), name

@@ -1,5 +1,5 @@
 """attnprobe.patch is a lazily loaded package of the public API whose experiments take the
-shared corpus options with the same names, kinds and defaults."""
+shared corpus options (one CorpusOptions or its keywords)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,26 @@ import pkgutil
 import pytest
 
 import attnprobe as ap
+from attnprobe.core.corpus_options import CORPUS_FIELDS
 from tests.helpers import fresh_python
-
-SHARED = {"batch_size": 16, "truncation": "error", "seed": 0, "progress": False,
-          "distributed": None, "metric_positions": "last", "pairs": None, "max_length": None}
 
 
 @pytest.mark.parametrize("fn", [ap.patch.heads, ap.patch.path, ap.patch.attribution,
                                 ap.patch.residual, ap.patch.mlp, ap.patch.run],
                          ids=lambda fn: fn.__name__)
 def test_experiments_share_the_corpus_options(fn):
+    """The corpus signature plus options: one ``corpus`` object (or its keywords), never the
+    corpus keywords re-listed, at most 10 parameters."""
     params = inspect.signature(fn).parameters
     assert list(params)[:5] == ["model", "tokenizer", "clean", "corrupt", "metric"]
-    for name, default in SHARED.items():
-        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
-        assert params[name].default == default, name
-    if fn is not ap.patch.path:
-        assert params["scope"].default == "all"
+    assert params["corpus"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["corpus"].default is None
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    assert not set(params) & set(CORPUS_FIELDS)
+    assert len([p for p in params.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]) \
+        <= 10
+    if fn is ap.patch.run:  # the pair options stay run()'s own, with their defaults
+        assert params["metric_positions"].default == "last" and params["pairs"].default is None
 
 
 def test_the_package_loads_on_first_use_and_names_no_submodule():

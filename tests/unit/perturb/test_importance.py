@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture.text import encode, model_inputs
+from attnprobe.inputs.text import encode, model_inputs
 from attnprobe.perturb.importance import (
     IMPORTANCE_COLUMNS,
     PRUNING_COLUMNS,

@@ -87,7 +87,7 @@ def test_an_option_may_not_take_a_shared_name():
         seed: int = option(0, "a second seed", minimum=0)
 
     with pytest.raises(TypeError, match=r"'clash': options \['seed'\] are shared run\(\) keywords"):
-        register_experiment("clash", Seeded)
+        register_experiment("clash", Seeded, summary="never registered")
     assert "clash" not in EXPERIMENTS
 
 
@@ -188,7 +188,7 @@ class HalfParams(Params):
     share: float = option(0.5, "share of the weight kept", minimum=0, strict=True)
 
 
-@register_experiment("half", HalfParams)
+@register_experiment("half", HalfParams, summary="the weight scaled to a share")
 def half(job: Job) -> list[Row]:
     return [Row("zero", job.record(), str(job.scope), str(i), None, "share", 0.0,
                 job.params.share) for i, _ in job.examples()]

@@ -344,8 +344,8 @@ def test_ap_perturb_run_is_callable_after_the_submodule_is_imported(classifier):
     table = ap.perturb.run(model, tok, TEXTS[:1], "uniform")
     assert tuple(table.columns) == RUN_COLUMNS
     assert ap.perturb.EXPERIMENTS is EXPERIMENTS
-    assert EXPERIMENTS.names() == ["ablate", "adversarial", "dirichlet", "erase", "importance",
-                                   "knockout", "mean", "permute", "uniform"]
+    assert set(EXPERIMENTS.names()) >= {"ablate", "adversarial", "dirichlet", "erase",
+                                        "importance", "knockout", "mean", "permute", "uniform"}
 
 
 # ----------------------------------------------------------------------------- errors
@@ -372,7 +372,7 @@ def test_ap_perturb_run_is_callable_after_the_submodule_is_imported(classifier):
     (("erase",), {"k": 2}, r"experiment 'erase' takes the options max_erased, rankings, "
                            r"n_steps .*; got k$"),
     (("dirichlet",), {"n_permutations": 8}, r"'dirichlet' takes the options n_draws, alpha"),
-    (("permute",), {"batch_size": 0}, r"batch_size must be an integer >= 1"),
+    (("permute",), {"batch_size": 0}, r"batch_size must be a positive integer"),
     (("permute",), {"seed": -1}, r"seed must be an integer >= 0"),
     (("uniform",), {"truncation": "drop"}, r"unknown truncation 'drop'"),
     (("uniform",), {"distributed": True}, r"distributed=True needs an initialised"),
