@@ -5,48 +5,31 @@ Every function takes a result object or the tidy table it gives, draws into a ne
 or changes global matplotlib state; save it with ``fig.savefig("heads.svg")``. matplotlib and
 seaborn are imported on first use (a missing extra is an error naming ``attnprobe[report]``).
 
-==========================  ===================================================================
-function                    draws (from)
-==========================  ===================================================================
-:func:`attention_head`      one head: query × key heatmap with the tokens (AttentionMap / table)
-:func:`model_view`          every head as a small heatmap, layers × heads (AttentionMap / table)
-:func:`head_grid`           layer × head cells coloured by label (Census / ``classify()``)
-:func:`layer_profile`       label shares per layer, stacked bars (Census / ``classify()`` /
-                            ``layer_profile()``)
-:func:`offset_profile`      attention mass per relative offset, per head (Census / ``offsets()``)
-:func:`syntax_accuracy`     best head vs best fixed offset per relation (Census / ``syntax()``)
-:func:`head_clusters`       heads at their MDS coordinates, coloured by label (Census /
-                            ``clusters()``)
-:func:`agreement_by_layer`  attention vs attribution per layer, a line per view (Comparison /
-                            ``summary()`` / ``table``)
-:func:`token_heat`          scores on the tokens, a row per method or view (Comparison /
-                            TokenAttributions / their table)
-:func:`head_effects`        mean change per head of a perturbation, layer × head heatmap
-                            (``perturb.run`` table)
-:func:`pruning_curve`       output metrics vs heads pruned (``perturb.run`` importance table)
-:func:`patching_effect`     mean normalised effect per patch, layer × head (heads × position
-                            for ``positions="each"``) (``patch.heads`` / ``path`` /
-                            ``attribution`` table)
-:func:`generation_attention`  what the step that wrote each token attended to, and its share
-                            on the prompt (AttentionMap from ``extract(..., generate=N)``)
-:func:`logit_attribution`   each head's direct part of a metric (layer × head) and the
-                            component groups as bars (LogitAttribution / its table)
-:func:`composition`         Q/K/V-composition, writer heads × reader heads per kind
-                            (Composition / its table)
-==========================  ===================================================================
+Every figure is one :class:`~attnprobe.plot.figure.Figure` of :data:`FIGURES`: a data
+function giving the tidy table it draws, its matplotlib renderer (the function here) and,
+when the report shows it, an SVG renderer of the same table. The modules of this package
+are discovered, so a new figure is one module here. The list of figures is the registry's:
+the README's figure table (``make readme``) and, at run time, the table below
+(``help(attnprobe.plot)``).
 """
 
-from attnprobe.plot.attention import attention_head, model_view
-from attnprobe.plot.attribution import agreement_by_layer, token_heat
-from attnprobe.plot.circuits import composition, logit_attribution
-from attnprobe.plot.generation import generation_attention
-from attnprobe.plot.heads import head_clusters, head_grid, layer_profile
-from attnprobe.plot.offsets import offset_profile
-from attnprobe.plot.patching import patching_effect
-from attnprobe.plot.perturbation import head_effects, pruning_curve
-from attnprobe.plot.syntax import syntax_accuracy
+from typing import Any
 
-__all__ = ["agreement_by_layer", "attention_head", "composition", "generation_attention",
-           "head_clusters", "head_effects", "head_grid", "layer_profile", "logit_attribution",
-           "model_view", "offset_profile", "patching_effect", "pruning_curve", "syntax_accuracy",
-           "token_heat"]
+from attnprobe.plot.figure import FIGURES, Figure, figure_table, registered_figures
+
+_FOUND = registered_figures()
+globals().update({found.name: found.draw for found in _FOUND})
+__doc__ = f"{__doc__}\n{figure_table()}\n"
+
+__all__ = ["FIGURES", "Figure", *sorted(found.name for found in _FOUND)]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *FIGURES.names()})
+
+
+def __getattr__(name: str) -> Any:
+    # a figure registered after this import (a plugin module) is ap.plot.<name> too
+    if name in FIGURES:
+        return FIGURES.get(name).draw
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

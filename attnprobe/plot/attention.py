@@ -26,9 +26,12 @@ from attnprobe.plot.common import (
     seaborn,
     set_token_ticks,
 )
+from attnprobe.plot.figure import figure
 from attnprobe.types import MAP_COLUMNS, AttentionMap
 
-__all__ = ["HeadWeights", "attention_head", "head_weights", "model_view"]
+RANK = 10  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["HeadWeights", "attention_head", "attention_table", "head_weights", "model_view"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,23 @@ def head_weights(attention: AttentionMap | pd.DataFrame, *, example_id: str | No
                        tuple(keys["key_token"].astype(str)), examples[0] if examples else "")
 
 
+def attention_table(attention: AttentionMap | pd.DataFrame) -> pd.DataFrame:
+    """The tidy table both attention figures draw: an :class:`AttentionMap`'s
+    ``to_frame()`` (one row per layer, head, query and key: ``MAP_COLUMNS``), or such a
+    table as it is.
+
+    Example:
+        >>> attention_table(amap).shape[0] == amap.pattern.numel()
+        True
+    """
+    if isinstance(attention, AttentionMap):
+        return attention.to_frame()
+    return check_table(attention, MAP_COLUMNS, "attention table")
+
+
+@figure(data=attention_table, rank=10,
+        shows="one head: query × key heatmap with the tokens",
+        source="AttentionMap / table")
 def attention_head(attention: AttentionMap | pd.DataFrame, layer: int, head: int, *,
                    example_id: str | None = None, stack: str | None = None,
                    kind: str | None = None, vmax: float | None = None, annotate: bool = False,
@@ -140,6 +160,9 @@ def attention_head(attention: AttentionMap | pd.DataFrame, layer: int, head: int
     return done(fig, axes, ax)
 
 
+@figure(data=attention_table, rank=11,
+        shows="every head as a small heatmap, layers × heads",
+        source="AttentionMap / table")
 def model_view(attention: AttentionMap | pd.DataFrame, *, scope: ScopeLike = None,
                example_id: str | None = None, stack: str | None = None,
                kind: str | None = None, vmax: float = 1.0, cmap: str = "Blues",

@@ -21,7 +21,10 @@ from attnprobe.plot.common import (
     seaborn,
     set_token_ticks,
 )
+from attnprobe.plot.figure import figure
 from attnprobe.types import TokenAttribution
+
+RANK = 50  # discovery order of the plot modules (each figure has its own rank)
 
 __all__ = ["METRIC_LABELS", "agreement_by_layer", "agreement_summary", "token_heat",
            "token_scores"]
@@ -62,6 +65,9 @@ def _layer_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return summary[has_layer], summary[~has_layer]
 
 
+@figure(data=agreement_summary, rank=50,
+        shows="attention vs attribution per layer, a line per view",
+        source="Comparison / ``summary()`` / ``table``")
 def agreement_by_layer(comparison: Any, *, metric: str = "kendall_tau",
                        method: str | None = None, views: Sequence[str] | None = None,
                        ax: Any = None) -> Any:
@@ -184,6 +190,9 @@ def _pick(table: pd.DataFrame, column: str, wanted: str | None) -> pd.DataFrame:
     return table[(cells == str(wanted)) | (cells == "")]
 
 
+@figure(data=token_scores, rank=51,
+        shows="scores on the tokens, a row per method or view",
+        source="Comparison / TokenAttributions / their table")
 def token_heat(attributions: Any, *, example_id: str | None = None, target: str | None = None,
                methods: Sequence[str] | None = None, normalise: bool = True,
                annotate: bool = False, cmap: str = "RdBu_r", ax: Any = None) -> Any:

@@ -22,8 +22,11 @@ from attnprobe.heads.direct_logits import component_means, head_means
 from attnprobe.heads.head_composition import COLUMNS as COMPOSITION_COLUMNS
 from attnprobe.heads.head_composition import composition_matrix
 from attnprobe.plot.common import check_table, known_subset, new_figure, seaborn
+from attnprobe.plot.figure import figure
 
-__all__ = ["composition", "logit_attribution"]
+RANK = 90  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["composition", "composition_table", "logit_attribution", "logit_table"]
 
 GROUP_COLOURS = {"embed": "#7f7f7f", "head": "#d62728", "rest": "#ff9896", "mlp": "#1f77b4",
                  "bias": "#bcbd22"}
@@ -35,6 +38,30 @@ def _table(result: Any, columns: Sequence[str], what: str) -> pd.DataFrame:
         raise InputError(f"expected {what} or its .table (a DataFrame); got "
                          f"{type(result).__name__}")
     return check_table(table, columns, f"{what} table")
+
+
+def logit_table(result: Any) -> pd.DataFrame:
+    """The tidy table the logit-attribution figure draws: a ``LogitAttribution``'s
+    ``.table`` (one row per example and component), or that table as it is.
+
+    Example:
+        >>> found = ap.heads.logit_attribution(lm, lm_tok, [prompt], "logit:t05")
+        >>> logit_table(found) is found.table
+        True
+    """
+    return _table(result, DLA_COLUMNS, "a LogitAttribution")
+
+
+def composition_table(result: Any) -> pd.DataFrame:
+    """The tidy table the composition figure draws: a ``Composition``'s ``.table`` (one row
+    per writer, reader and kind), or that table as it is.
+
+    Example:
+        >>> found = ap.heads.composition(lm)
+        >>> composition_table(found) is found.table
+        True
+    """
+    return _table(result, COMPOSITION_COLUMNS, "a Composition")
 
 
 def _groups(means: pd.DataFrame) -> pd.DataFrame:
@@ -56,6 +83,9 @@ def _groups(means: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values("order", kind="stable").reset_index(drop=True)
 
 
+@figure(data=logit_table, rank=90,
+        shows="each head's direct part of a metric (layer × head) and the component groups as bars",
+        source="LogitAttribution / its table")
 def logit_attribution(result: Any, *, annotate: bool | None = None, cmap: str = "RdBu_r"
                       ) -> Any:
     """Where a metric comes from: each head's mean direct part (layer × head heatmap, 0 in
@@ -78,7 +108,7 @@ def logit_attribution(result: Any, *, annotate: bool | None = None, cmap: str = 
         >>> heat.get_title(), len(heat.get_yticklabels()), len(heat.get_xticklabels())
         ('logit:next per head, 1 example(s)', 2, 4)
     """
-    table = _table(result, DLA_COLUMNS, "a LogitAttribution")
+    table = logit_table(result)
     n_layers = getattr(result, "n_layers", None)
     n_heads = getattr(result, "n_heads", None)
     heads = head_means(table, n_layers, n_heads)
@@ -114,6 +144,9 @@ def logit_attribution(result: Any, *, annotate: bool | None = None, cmap: str = 
     return fig
 
 
+@figure(data=composition_table, rank=91,
+        shows="Q/K/V-composition, writer heads × reader heads per kind",
+        source="Composition / its table")
 def composition(result: Any, *, kinds: Sequence[str] | None = None, value: str = "score",
                 annotate: bool | None = None, cmap: str = "viridis") -> Any:
     """Composition between heads: writer heads (rows) × reader heads (columns) per kind.
@@ -135,7 +168,7 @@ def composition(result: Any, *, kinds: Sequence[str] | None = None, value: str =
         >>> [a.get_title().split(" (")[0] for a in fig.axes[:2]]    # then one colour bar
         ['k-composition', 'v-composition']
     """
-    table = _table(result, COMPOSITION_COLUMNS, "a Composition")
+    table = composition_table(result)
     present = list(dict.fromkeys(table["kind"].astype(str)))
     chosen = known_subset(present, kinds, "composition kind", "in the table")
     matrices = [composition_matrix(table, kind, value) for kind in chosen]

@@ -14,13 +14,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 
 from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
 from attnprobe.plot.common import new_figure, seaborn, set_token_ticks
+from attnprobe.plot.figure import figure
 from attnprobe.types import AttentionMap
 
-__all__ = ["generation_attention", "generation_weights"]
+RANK = 80  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["generation_attention", "generation_table", "generation_weights"]
 
 Reduce = Literal["mean", "max"]
 REDUCERS = {"mean": np.mean, "max": np.max}
@@ -58,6 +62,28 @@ def generation_weights(attention: AttentionMap, *, layer: int | None = None,
     return REDUCERS[reduce](pattern[:, :, rows], axis=(0, 1))
 
 
+def generation_table(attention: AttentionMap, *, layer: int | None = None,
+                     head: int | None = None, reduce: Reduce = "mean") -> pd.DataFrame:
+    """The tidy table the generation figure draws: one row per generated token and key,
+    ``step, token, key_pos, key_token, weight`` (:func:`generation_weights`).
+
+    Example:
+        >>> text = ap.extract(lm, lm_tok, "t05 t11 t40", generate=2)[0]
+        >>> generation_table(text)["step"].unique().tolist()
+        [0, 1]
+    """
+    weights = generation_weights(attention, layer=layer, head=head, reduce=reduce)
+    start = attention.prompt_length
+    steps, keys = np.meshgrid(np.arange(weights.shape[0]), np.arange(weights.shape[1]),
+                              indexing="ij")
+    return pd.DataFrame({
+        "step": steps.ravel(),
+        "token": [attention.query_tokens[start + s] for s in steps.ravel()],
+        "key_pos": keys.ravel(),
+        "key_token": [attention.key_tokens[k] for k in keys.ravel()],
+        "weight": weights.ravel()})
+
+
 def _title(layer: int | None, head: int | None, reduce: str) -> str:
     if head is not None:
         return head_id(layer, head)
@@ -65,6 +91,9 @@ def _title(layer: int | None, head: int | None, reduce: str) -> str:
         else f"{reduce} over every head"
 
 
+@figure(data=generation_table, rank=80,
+        shows="what the step that wrote each token attended to, and its share on the prompt",
+        source="AttentionMap from ``extract(..., generate=N)``")
 def generation_attention(attention: AttentionMap, *, layer: int | None = None,
                          head: int | None = None, reduce: Reduce = "mean",
                          cmap: str = "Blues") -> Any:

@@ -29,8 +29,12 @@ from attnprobe.plot.common import (
     one_stack,
     table_from,
 )
+from attnprobe.plot.figure import figure
 
-__all__ = ["head_clusters", "head_grid", "layer_profile", "short_label"]
+RANK = 20  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["classified_heads", "clusters_table", "head_clusters", "head_grid",
+           "layer_profile", "short_label"]
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
 EMPTY = (1.0, 1.0, 1.0, 0.0)  # a head without a row: transparent
@@ -48,12 +52,37 @@ def _rgb(colour: str) -> tuple[float, float, float]:
     return tuple(int(colour[i:i + 2], 16) / 255 for i in (0, 2, 4))  # type: ignore[return-value]
 
 
+def classified_heads(census: Any) -> pd.DataFrame:
+    """The tidy table the head grid and the layer profile draw: ``census.classify()`` (one
+    row per head: ``layer, head, label`` and the scores), or such a table as it is.
+
+    Example:
+        >>> list(classified_heads(lm_census)[["layer", "head"]].iloc[0])
+        [0, 0]
+    """
+    return table_from(census, "classify", "a Census")
+
+
+def clusters_table(census: Any, n_clusters: int = 6) -> pd.DataFrame:
+    """The tidy table the cluster scatter draws: ``census.clusters(n_clusters)`` (one row
+    per head: ``x, y, layer, head, cluster``), or such a table as it is.
+
+    Example:
+        >>> len(clusters_table(lm_census, n_clusters=2))    # one row per head
+        8
+    """
+    return table_from(census, "clusters", "a Census", call=lambda c: c.clusters(n_clusters))
+
+
 def _classified(census: Any, by: str, stack: str | None, kind: str | None) -> pd.DataFrame:
-    table = table_from(census, "classify", "a Census")
+    table = classified_heads(census)
     check_table(table, ("layer", "head", by), "classified table")
     return one_stack(table, stack, kind, "classified table")
 
 
+@figure(data=classified_heads, rank=20,
+        shows="layer × head cells coloured by label",
+        source="Census / ``classify()``")
 def head_grid(census: Any, *, by: str = "label", stack: str | None = None,
               kind: str | None = None, annotate: bool | None = None, ax: Any = None) -> Any:
     """Every head as one cell of a layer × head grid, coloured by its label.
@@ -128,6 +157,9 @@ def _shares(census: Any, by: str, stack: str | None, kind: str | None) -> pd.Dat
     return counts.div(counts.sum(axis=1), axis=0).sort_index()
 
 
+@figure(data=classified_heads, rank=21,
+        shows="label shares per layer, stacked bars",
+        source="Census / ``classify()`` / ``layer_profile()``")
 def layer_profile(census: Any, *, by: str = "label", stack: str | None = None,
                   kind: str | None = None, ax: Any = None) -> Any:
     """Share of each label per layer as stacked bars (one bar per layer, summing to 1).
@@ -176,8 +208,7 @@ def layer_profile(census: Any, *, by: str = "label", stack: str | None = None,
 
 def _clustered(census: Any, n_clusters: int, labels: Any, by: str, stack: str | None,
                kind: str | None) -> pd.DataFrame:
-    table = table_from(census, "clusters", "a Census",
-                       call=lambda c: c.clusters(n_clusters))
+    table = clusters_table(census, n_clusters)
     check_table(table, ("x", "y", "layer", "head"), "clusters table")
     if by not in table.columns:
         source = labels if labels is not None else (
@@ -190,6 +221,9 @@ def _clustered(census: Any, n_clusters: int, labels: Any, by: str, stack: str | 
     return one_stack(table, stack, kind, "clusters table")
 
 
+@figure(data=clusters_table, rank=45,
+        shows="heads at their MDS coordinates, coloured by label",
+        source="Census / ``clusters()``")
 def head_clusters(census: Any, *, n_clusters: int = 6, labels: Any = None, by: str = "label",
                   stack: str | None = None, kind: str | None = None, annotate: bool = True,
                   ax: Any = None) -> Any:

@@ -6,17 +6,35 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from attnprobe.core.scope import Scope, ScopeLike, head_id
 from attnprobe.errors import InputError
 from attnprobe.plot.common import axes_for, check_table, done, one_stack, seaborn, table_from
+from attnprobe.plot.figure import figure
 
-__all__ = ["offset_profile"]
+RANK = 30  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["offset_profile", "offsets_table"]
 
 VALUE_LABELS = {"mass": "mean weight at the offset",
                 "argmax_share": "share of rows with their argmax there"}
 
 
+def offsets_table(census: Any) -> pd.DataFrame:
+    """The tidy table the offset profile draws: ``census.offsets()`` (one row per head and
+    relative offset), or such a table as it is.
+
+    Example:
+        >>> {"layer", "head", "offset", "mass"} <= set(offsets_table(lm_census).columns)
+        True
+    """
+    return table_from(census, "offsets", "a Census")
+
+
+@figure(data=offsets_table, rank=30,
+        shows="attention mass per relative offset, per head",
+        source="Census / ``offsets()``")
 def offset_profile(census: Any, *, value: str = "mass", scope: ScopeLike = None,
                    window: int | None = 8, stack: str | None = None, kind: str | None = None,
                    cmap: str = "viridis", ax: Any = None) -> Any:
@@ -46,7 +64,7 @@ def offset_profile(census: Any, *, value: str = "mass", scope: ScopeLike = None,
         >>> heat.collections[0].get_array().shape       # heads × offsets -4..4
         (8, 9)
     """
-    table = table_from(census, "offsets", "a Census")
+    table = offsets_table(census)
     check_table(table, ("layer", "head", "offset", value), "offsets table")
     table = one_stack(table, stack, kind, "offsets table")
     chosen = Scope.parse(scope)

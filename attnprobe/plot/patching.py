@@ -18,8 +18,11 @@ import pandas as pd
 from attnprobe.errors import InputError
 from attnprobe.patch.table import summary
 from attnprobe.plot.common import axes_for, check_table, done, one_value, seaborn
+from attnprobe.plot.figure import figure
 
-__all__ = ["patching_effect"]
+RANK = 70  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["patch_means", "patching_effect"]
 
 WHAT = "patching table"
 
@@ -56,6 +59,25 @@ def _grid(means: pd.DataFrame, value: str) -> tuple[np.ndarray, list[str], list[
     return grid, ["all" if la is None else str(la) for la in layers], cols, "head", "layer"
 
 
+def patch_means(table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy table the patching figure draws: the mean of each patch over the examples
+    (:func:`attnprobe.patch.summary`), or such a summary as it is.
+
+    Example:
+        >>> rows = pd.DataFrame({"experiment": "heads", "example_id": ["a", "b"],
+        ...     "layer": 0, "head": 1, "position": None, "site": "output",
+        ...     "direction": "denoising", "metric": "loss", "clean": 1.0, "corrupt": 0.0,
+        ...     "patched": [0.2, 0.4], "effect": [0.2, 0.4]})
+        >>> round(float(patch_means(rows)["effect"].iloc[0]), 6)
+        0.3
+    """
+    return table if "n_examples" in table.columns else summary(table)
+
+
+@figure(data=patch_means, rank=70,
+        shows="mean normalised effect per patch, layer × head (heads × position for "
+              "``positions=\"each\"``)",
+        source="``patch.heads`` / ``path`` / ``attribution`` table")
 def patching_effect(table: pd.DataFrame, *, value: str = "effect",
                     experiment: str | None = None, site: str | None = None,
                     direction: str | None = None, metric: str | None = None,
@@ -90,7 +112,7 @@ def patching_effect(table: pd.DataFrame, *, value: str = "effect",
     for column, wanted in (("experiment", experiment), ("site", site),
                            ("direction", direction), ("metric", metric)):
         table = one_value(table, column, wanted, WHAT)
-    means = table if "n_examples" in table.columns else summary(table)
+    means = patch_means(table)
     if "receivers" in means.columns and means["receivers"].nunique() > 1:
         raise InputError(f"{WHAT} holds several receiver sets; plot one at a time")
     grid, rows, cols, x_label, y_label = _grid(means, value)

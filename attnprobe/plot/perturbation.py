@@ -26,16 +26,28 @@ from attnprobe.plot.common import (
     seaborn,
     single_head,
 )
+from attnprobe.plot.figure import figure
 
-__all__ = ["PREFERRED_METRICS", "head_effects", "one_head_rows", "pruning_curve"]
+RANK = 60  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["PREFERRED_METRICS", "head_effects", "head_rows", "one_head_rows", "pruning_curve",
+           "pruning_rows"]
 
 # the metric head_effects draws when none is named: the first one the table has
 PREFERRED_METRICS = ("tvd", "cosine_distance", "jsd", "flip", "importance")
 
 
-def one_head_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows that cover exactly one head, with integer ``layer`` and ``head`` columns
-    (from those columns when the table has them, else parsed from ``scope``)."""
+def head_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy table the effect-per-head figures draw: every row of a ``perturb.run``
+    table, with ``layer`` and ``head`` (``Int64``) set on the rows that cover exactly one
+    head (from those columns when the table has them, else parsed from ``scope``) and
+    missing on the others.
+
+    Example:
+        >>> rows = head_rows(pd.DataFrame({"scope": ["head:1.2", "layer:0"], "change": [1, 2]}))
+        >>> rows["head"].tolist()
+        [2, <NA>]
+    """
     layer = pd.Series(pd.NA, index=table.index, dtype="Int64")
     head = pd.Series(pd.NA, index=table.index, dtype="Int64")
     if "layer" in table.columns and "head" in table.columns:
@@ -50,8 +62,15 @@ def one_head_rows(table: pd.DataFrame) -> pd.DataFrame:
         head[found] = [p[1] for p in pairs[found]]
     else:
         raise InputError("perturbation table needs layer/head columns or a scope column")
-    keep = layer.notna() & head.notna()
-    return table[keep].assign(layer=layer[keep].astype(int), head=head[keep].astype(int))
+    return table.assign(layer=layer, head=head)
+
+
+def one_head_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows that cover exactly one head, with integer ``layer`` and ``head`` columns
+    (:func:`head_rows`)."""
+    rows = head_rows(table)
+    keep = rows["layer"].notna() & rows["head"].notna()
+    return rows[keep].astype({"layer": int, "head": int})
 
 
 def _steps(table: pd.DataFrame, step: int | None, what: str) -> pd.DataFrame:
@@ -66,6 +85,9 @@ def _steps(table: pd.DataFrame, step: int | None, what: str) -> pd.DataFrame:
     return plain
 
 
+@figure(data=head_rows, rank=60,
+        shows="mean change per head of a perturbation, layer × head heatmap",
+        source="``perturb.run`` table")
 def head_effects(table: pd.DataFrame, *, metric: str | None = None,
                  experiment: str | None = None, value: str = "change", step: int | None = None,
                  annotate: bool | None = None, cmap: str | None = None, ax: Any = None) -> Any:
@@ -138,6 +160,20 @@ def head_effects(table: pd.DataFrame, *, metric: str | None = None,
     return done(fig, axes, ax)
 
 
+def pruning_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy table the pruning curve draws: an importance ``perturb.run`` table (rows with
+    a ``step``) or a ``pruning_curve()`` table, as it is.
+
+    Example:
+        >>> pruning_rows(pd.DataFrame({"n_pruned": [0], "metric": ["tvd"]})).shape
+        (1, 2)
+    """
+    if not isinstance(table, pd.DataFrame):
+        raise InputError(f"expected a perturbation table (a DataFrame); got "
+                         f"{type(table).__name__}")
+    return table
+
+
 def _curves(table: pd.DataFrame, metric: str | Sequence[str] | None,
             experiment: str | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{metric: (heads pruned, value)}``, the unpruned point first."""
@@ -171,6 +207,9 @@ def _curves(table: pd.DataFrame, metric: str | Sequence[str] | None,
     return curves
 
 
+@figure(data=pruning_rows, rank=61,
+        shows="output metrics vs heads pruned",
+        source="``perturb.run`` importance table")
 def pruning_curve(table: pd.DataFrame, *, metric: str | Sequence[str] | None = None,
                   experiment: str | None = "importance", ax: Any = None) -> Any:
     """The pruning curve: each metric of the output against the number of heads pruned (least

@@ -11,8 +11,11 @@ import pandas as pd
 from attnprobe.errors import InputError
 from attnprobe.heads.dependencies import MIN_COUNT
 from attnprobe.plot.common import axes_for, check_table, done, label_colours, table_from
+from attnprobe.plot.figure import figure
 
-__all__ = ["BASELINE_COLOUR", "syntax_accuracy"]
+RANK = 40  # discovery order of the plot modules (each figure has its own rank)
+
+__all__ = ["BASELINE_COLOUR", "syntax_accuracy", "syntax_table"]
 
 BASELINE_COLOUR = "#b0b0b0"
 
@@ -25,6 +28,21 @@ def _offset_text(offset: object) -> str:
     return f"{value:+d}" if value else "0"
 
 
+def syntax_table(census: Any, min_count: int = MIN_COUNT) -> pd.DataFrame:
+    """The tidy table the syntax figure draws: ``census.syntax(min_count)`` (one row per
+    relation: ``relation, count, accuracy, baseline`` ...), or such a table as it is.
+
+    Example:
+        >>> syntax_table(pd.DataFrame({"relation": ["det"]}))["relation"].tolist()
+        ['det']
+    """
+    return table_from(census, "syntax", "a Census with syntax",
+                      call=lambda c: c.syntax(min_count))
+
+
+@figure(data=syntax_table, rank=40,
+        shows="best head vs best fixed offset per relation",
+        source="Census / ``syntax()``")
 def syntax_accuracy(census: Any, *, min_count: int = MIN_COUNT, relations: list[str] | None = None,
                     ax: Any = None) -> Any:
     """Per dependency relation, two bars: the accuracy of the best head (coloured as the
@@ -54,8 +72,7 @@ def syntax_accuracy(census: Any, *, min_count: int = MIN_COUNT, relations: list[
     """
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise InputError(f"min_count must be an integer >= 1; got {min_count!r}")
-    table = table_from(census, "syntax", "a Census with syntax",
-                       call=lambda c: c.syntax(min_count))
+    table = syntax_table(census, min_count)
     check_table(table, ("relation", "count", "accuracy", "baseline"), "syntax table")
     table = table[table["count"] >= min_count]
     if relations is not None:

@@ -2,7 +2,9 @@
 circuits and composition scores. The notebook views are registered in
 :data:`attnprobe.core.html_view.RENDERERS` (like :mod:`attnprobe.report.notebook`); the
 bodies (:func:`logit_attribution_body`, :func:`composition_body`) are also the report's
-sections of the same names (:mod:`attnprobe.report.contents`).
+sections of the same names (:mod:`attnprobe.report.contents`); their figures are the SVG twins
+of :func:`attnprobe.plot.logit_attribution` and :func:`attnprobe.plot.composition`
+(:mod:`attnprobe.report.svg_figures`).
 
 ==========================  ==================================================================
 kind                        view
@@ -19,21 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from attnprobe.core.html_view import RENDERERS
 from attnprobe.report import sections
-from attnprobe.report.charts import heatmap, number
+from attnprobe.report.charts import number
+from attnprobe.report.figure_svg import svg_figures
 from attnprobe.report.notebook import fragment
 from attnprobe.report.result_figures import head_heatmap
 from attnprobe.report.templating import render
 
-__all__ = ["MATRIX_HEADS", "TOP", "circuits_html", "composition_body", "composition_html",
+__all__ = ["TOP", "circuits_html", "composition_body", "composition_html",
            "logit_attribution_body", "logit_attribution_html", "strongest_pairs", "top_heads"]
 
 TOP = 10  # rows of the top-heads and strongest-pairs tables
-MATRIX_HEADS = 48  # writers (and readers) drawn per composition matrix; the strongest kept
 
 
 def collapsed(summary: str, frame: pd.DataFrame) -> Any:
@@ -60,12 +61,7 @@ def logit_attribution_body(result: Any, of: int | None = None) -> Any:
     components = result.by_component()
     heads = components[components["kind"] == "head"]
     metric = ", ".join(dict.fromkeys(result.totals["metric"].astype(str)))
-
-    def tip(row: pd.Series) -> str:
-        return (f"L{int(row['layer'])}H{int(row['head'])}: {number(row['value'])} of {metric} "
-                "(mean per example)")
-    figures = [head_heatmap(heads.astype({"layer": int, "head": int}), "value", tip,
-                            caption=f"direct part of {metric}")] if len(heads) else []
+    figures = svg_figures("logit_attribution", result)
     n = len(result.totals)
     corpus = f" (the first {n} of {of})" if of is not None and of > n else ""
     note = " ".join([f"{n} example(s){corpus}; the components of each sum to the model's "
@@ -118,41 +114,10 @@ def strongest_pairs(result: Any, k: int = TOP) -> pd.DataFrame:
         drop=True)
 
 
-def _strongest(matrix: pd.DataFrame, limit: int) -> pd.DataFrame:
-    """``matrix`` cut to the ``limit`` rows and columns with the largest values (model order
-    kept), when it is larger."""
-    if matrix.shape[0] > limit:
-        keep = set(matrix.max(axis=1).sort_values(ascending=False).index[:limit])
-        matrix = matrix.loc[[w for w in matrix.index if w in keep]]
-    if matrix.shape[1] > limit:
-        keep = set(matrix.max(axis=0).sort_values(ascending=False).index[:limit])
-        matrix = matrix[[r for r in matrix.columns if r in keep]]
-    return matrix
-
-
-def _matrix_figure(result: Any, kind: str) -> Any:
-    """Writer × reader ``log2(score / baseline)`` of one kind (0: as random matrices)."""
-    whole = result.matrix(kind, "ratio")
-    matrix = _strongest(whole, MATRIX_HEADS)
-    ratio = matrix.to_numpy(dtype=float)
-    score = result.matrix(kind).loc[matrix.index, matrix.columns].to_numpy(dtype=float)
-    base = result.baseline(kind)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.log2(ratio)
-    tips = [[f"{w} → {r}: {kind}-composition {number(score[i, j])} "
-             f"({number(ratio[i, j])} × baseline {number(base)})"
-             for j, r in enumerate(matrix.columns)] for i, w in enumerate(matrix.index)]
-    cut = "" if matrix.shape == whole.shape else \
-        f"; the {matrix.shape[0]} writers × {matrix.shape[1]} readers of the strongest pairs"
-    return heatmap(values, list(matrix.index), list(matrix.columns), tips,
-                   caption=f"{kind}-composition: log2(score / baseline {number(base)}){cut}",
-                   rotate_columns=True)
-
-
 def composition_body(result: Any) -> Any:
     """A Composition: writer × reader over the random baseline per kind, the
     :func:`strongest_pairs`, the pair table (collapsed)."""
-    figures = [_matrix_figure(result, kind) for kind in result.kinds]
+    figures = svg_figures("composition", result)
     bases = ", ".join(f"{kind} {number(result.baseline(kind))}" for kind in result.kinds)
     notes = [n if n.endswith(".") else n + "." for n in result.notes]
     note = " ".join([f"From the weights: each writer head (earlier layer) × reader head "

@@ -6,29 +6,14 @@ logit attribution, composition scores, a patching table). Every
 kind of section is a :class:`SectionKind` registered in :data:`SECTIONS`: its ``rank`` (the
 page shows the sections in increasing rank), ``applies(contents)`` (whether the contents hold
 what it shows) and ``render(contents)`` (its :class:`~attnprobe.report.sections.Section`
-objects). The page asks every registered kind in rank order; a new section is one
-registration::
+objects). The kinds are modules of :mod:`attnprobe.report.section_kinds`, discovered when
+:mod:`attnprobe.report` is imported (:func:`registered_sections`); the page asks every
+registered kind in rank order, and the README's list of sections is written from this registry
+(``make readme``). A new section is one module there, or one registration::
 
     @section("notes", rank=65, applies=lambda c: c.info is not None)
     def _notes(contents: Contents) -> list[Section]:
         return [Section("notes", "Notes", sections.table(notes_of(contents.info)))]
-
-=====================  ====  =============================================================
-kind                   rank  applies when the contents hold
-=====================  ====  =============================================================
-``model``              10    always (the model card; empty without info and maps)
-``census``             20    a census (head grid, layer profile, clusters with distances)
-``attention``          30    maps (head view, model view, head panels with a census)
-``syntax``             40    a syntax table
-``comparison``         50    an attribution comparison
-``perturbation``       60    a perturbation run table
-``diff``               70    a checkpoint diff
-``tables``             90    the caller's ``(key, heading, table)`` sections
-``logit-attribution``  100   a direct logit attribution (layer × head heatmap, top heads)
-``composition``        110   composition scores (writer × reader over the random baseline,
-                             strongest pairs)
-``patching``           120   a patching table (effect per patch, per-patch summary)
-=====================  ====  =============================================================
 
 :func:`~attnprobe.report.from_model` computes the direct logit attribution and the
 composition for pre-norm language models, and the patching table when it is given corrupted
@@ -37,24 +22,25 @@ inputs (:mod:`attnprobe.report.causal`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import pandas as pd
 
+from attnprobe.core.plugins import discover
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 from attnprobe.heads.head_census import MIN_COUNT
 from attnprobe.report import sections
-from attnprobe.report.circuit_views import composition_body, logit_attribution_body
-from attnprobe.report.patching_views import patching_body
 from attnprobe.report.sections import Section
-from attnprobe.report.text import slug
 from attnprobe.types import AttentionMap, ModelInfo
 
-__all__ = ["MAPS_ID", "SECTIONS", "Contents", "SectionKind", "page_sections", "section"]
+__all__ = ["KINDS_PACKAGE", "MAPS_ID", "SECTIONS", "Contents", "SectionKind", "as_frame",
+           "page_sections", "registered_sections", "section"]
+
+KINDS_PACKAGE = "attnprobe.report.section_kinds"
 
 MAPS_ID = "ap-maps"  # id of the maps' JSON element, read by the attention views' script
 
@@ -140,12 +126,14 @@ class SectionKind:
         rank: its place on the page (increasing; ties in name order).
         applies: ``applies(contents)``: whether the contents hold what it shows.
         render: ``render(contents) -> [Section, ...]`` (one or more; ids unique per page).
+        shows: what it shows and when, one line (README and help).
     """
 
     name: str
     rank: int
     applies: Callable[[Contents], bool]
     render: Callable[[Contents], list[Section]]
+    shows: str = ""
 
 
 SECTIONS: Registry[SectionKind] = Registry("report section")
@@ -153,9 +141,10 @@ SECTIONS: Registry[SectionKind] = Registry("report section")
 Render = Callable[[Contents], list[Section]]
 
 
-def section(name: str, *, rank: int, applies: Callable[[Contents], bool]
+def section(name: str, *, rank: int, applies: Callable[[Contents], bool], shows: str = ""
             ) -> Callable[[Render], Render]:
-    """Register the decorated ``render(contents) -> [Section, ...]`` as section ``name``.
+    """Register the decorated ``render(contents) -> [Section, ...]`` as section ``name``;
+    ``shows`` (default: the first line of its docstring) says what it shows and when.
 
     Example:
         >>> @section("notes", rank=65, applies=lambda c: c.info is not None)
@@ -171,7 +160,8 @@ def section(name: str, *, rank: int, applies: Callable[[Contents], bool]
     """
 
     def add(render: Render) -> Render:
-        SECTIONS.register(name)(SectionKind(name, rank, applies, render))
+        told = shows or (render.__doc__ or "").strip().split("\n")[0]
+        SECTIONS.register(name)(SectionKind(name, rank, applies, render, told))
         return render
 
     return add
@@ -186,7 +176,7 @@ def page_sections(contents: Contents) -> list[Section]:
     """
     out: list[Section] = []
     made_by: dict[str, str] = {}  # section id -> the kind that made it
-    for kind in sorted(SECTIONS.values(), key=lambda k: (k.rank, k.name)):
+    for kind in registered_sections():
         if not kind.applies(contents):
             continue
         for part in kind.render(contents):
@@ -198,88 +188,13 @@ def page_sections(contents: Contents) -> list[Section]:
     return out
 
 
-# ----------------------------------------------------------------------------- the kinds
-@section("model", rank=10, applies=lambda c: True)
-def _model(contents: Contents) -> list[Section]:
-    return [Section("model", "Model", sections.model_card(contents.info, contents.maps))]
+def registered_sections() -> list[SectionKind]:
+    """Every section kind in rank order, the modules of :data:`KINDS_PACKAGE` imported first
+    (each registers its kind on import; Python imports a module once).
 
-
-@section("census", rank=20, applies=lambda c: c.census is not None)
-def _census(contents: Contents) -> list[Section]:
-    return sections.census_sections(contents.census, contents.classified)
-
-
-@section("attention", rank=30, applies=lambda c: bool(c.maps))
-def _attention(contents: Contents) -> list[Section]:
-    details = sections.head_details(contents.classified)
-    return [Section("attention", "Attention view",
-                    sections.attention_view(details, maps_id=MAPS_ID))]
-
-
-@section("syntax", rank=40, applies=lambda c: c.syntax is not None)
-def _syntax(contents: Contents) -> list[Section]:
-    shown, dropped = sections.syntax_rows(as_frame(contents.syntax, "syntax"),
-                                          contents.min_count)
-    n = contents.n_census
-    note = (f"From {n} sentence(s); " if n is not None else "") + \
-        f"relations with at least {contents.min_count} words" + \
-        (f" ({dropped} rarer left out)." if dropped else ".")
-    return [Section("syntax", "Syntax", sections.result(note, [], shown))]
-
-
-@section("comparison", rank=50, applies=lambda c: c.comparison is not None)
-def _comparison(contents: Contents) -> list[Section]:
-    body = sections.comparison_section(contents.comparison,
-                                       as_frame(contents.comparison, "comparison"),
-                                       contents.n_census)
-    return [Section("comparison", "Attribution comparison", body)]
-
-
-@section("perturbation", rank=60, applies=lambda c: c.perturbation is not None)
-def _perturbation(contents: Contents) -> list[Section]:
-    body = sections.perturbation_section(as_frame(contents.perturbation, "perturbation"))
-    return [Section("perturbation", "Perturbation", body)]
-
-
-@section("diff", rank=70, applies=lambda c: c.diff is not None)
-def _diff(contents: Contents) -> list[Section]:
-    return [Section("diff", "Checkpoint diff", sections.diff_section(contents.diff))]
-
-
-@section("tables", rank=90, applies=lambda c: bool(c.tables))
-def _tables(contents: Contents) -> list[Section]:
-    """The caller's ``(key, heading, table)`` sections; ids are slugs of the keys; empty or
-    missing tables are left out."""
-    return [Section(slug(key), str(heading), sections.table(frame))
-            for key, heading, frame in _checked_tables(contents.tables)]
-
-
-def _checked_tables(tables: Sequence[Any]) -> list[tuple[str, str, pd.DataFrame]]:
-    out = []
-    for entry in tables:
-        if not isinstance(entry, tuple | list) or len(entry) != 3:
-            raise InputError("tables must hold (key, heading, DataFrame) triples")
-        key, heading, frame = entry
-        if frame is None:
-            continue
-        frame = as_frame(frame, f"table {key!r}")
-        if not frame.empty:
-            out.append((key, heading, frame))
-    return out
-
-
-@section("logit-attribution", rank=100, applies=lambda c: c.logit_attribution is not None)
-def _logit_attribution(contents: Contents) -> list[Section]:
-    body = logit_attribution_body(contents.logit_attribution, of=contents.n_census)
-    return [Section("logit-attribution", "Direct logit attribution", body)]
-
-
-@section("composition", rank=110, applies=lambda c: c.composition is not None)
-def _composition(contents: Contents) -> list[Section]:
-    return [Section("composition", "Composition", composition_body(contents.composition))]
-
-
-@section("patching", rank=120, applies=lambda c: c.patching is not None)
-def _patching(contents: Contents) -> list[Section]:
-    body = patching_body(as_frame(contents.patching, "patching"), of=contents.n_census)
-    return [Section("patching", "Patching", body)]
+    Example:
+        >>> [kind.name for kind in registered_sections()][:3]
+        ['model', 'census', 'attention']
+    """
+    discover(KINDS_PACKAGE)
+    return sorted(SECTIONS.values(), key=lambda k: (k.rank, k.name))

@@ -17,6 +17,7 @@ import pandas as pd
 from attnprobe.errors import InputError
 from attnprobe.heads import labels as label_rules
 from attnprobe.report import result_figures, svg
+from attnprobe.report.figure_svg import svg_of
 from attnprobe.report.templating import render
 from attnprobe.report.text import slug
 from attnprobe.types import AttentionMap, ModelInfo
@@ -168,34 +169,34 @@ def figure(svg_markup: Any) -> Any:
 
 
 def census_tables(census: Any, classified: pd.DataFrame | None = None
-                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
-    """(classified, layer profile, clusters or None) from a Census or a classified frame."""
+                  ) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(classified, clusters or None) from a Census or a classified frame."""
     if isinstance(census, pd.DataFrame):
         classified = census if "label" in census.columns else \
             label_rules.classify_scores(census)
-        return classified, label_rules.layer_profile(classified), None
+        return classified, None
     if classified is None:
         classified = census.classify()
     clusters = None
-    if getattr(census.part, "distances", None) is not None:
+    if getattr(census.sums, "distances", None) is not None:
         try:
             clusters = census.clusters()
         except InputError:  # fewer heads than the default number of clusters
             clusters = census.clusters(len(classified))
-    return classified, label_rules.layer_profile(classified), clusters
+    return classified, clusters
 
 
 def census_sections(census: Any, classified: pd.DataFrame | None = None) -> list[Section]:
     """Head grid with the label counts by family (and the number of sentences behind the
     labels when ``census`` is a Census), layer profile and (when the census has distances)
     the head clusters. ``classified``: ``census.classify()`` when already computed."""
-    classified, profile, clusters = census_tables(census, classified)
+    classified, clusters = census_tables(census, classified)
     counts = table(label_rules.label_counts(classified))  # both bodies are escaped markup
     n = getattr(census, "n_sentences", None)
     note = result(f"Labels from {n} sentence(s).", [], None) if n is not None else None
-    grid = figure(svg.head_grid(classified)) + counts
+    grid = figure(*svg_of("head_grid")(classified)) + counts
     out = [Section("heads", "Head grid", note + grid if note is not None else grid),
-           Section("profile", "Layer profile", figure(svg.layer_profile_chart(profile)))]
+           Section("profile", "Layer profile", figure(*svg_of("layer_profile")(classified)))]
     if clusters is not None:
         out.append(Section("clusters", "Head clustering",
                            figure(svg.mds_scatter(clusters, classified))))

@@ -195,7 +195,7 @@ def test_census_object_with_distances_gets_clusters():
         distances = object()
 
     class FakeCensus:
-        part = Part()
+        sums = Part()  # the census's summed statistics (``Census.sums``)
 
         def classify(self):
             return classified(2, 2)

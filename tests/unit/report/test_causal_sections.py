@@ -205,9 +205,10 @@ def test_post_norm_and_headless_models_are_refused_before_any_forward(minilm, mo
 
 def test_a_large_composition_matrix_keeps_the_strongest_heads(page, monkeypatch):
     from attnprobe.report import circuit_views
+    from attnprobe.report.svg_figures import composition as composition_svg
 
     found = page.contents.composition
-    monkeypatch.setattr(circuit_views, "MATRIX_HEADS", 2)
+    monkeypatch.setattr(composition_svg, "MATRIX_HEADS", 2)
     body = str(circuit_views.composition_body(found))
     for kind in found.kinds:
         ratio = found.matrix(kind, "ratio")
@@ -218,8 +219,8 @@ def test_a_large_composition_matrix_keeps_the_strongest_heads(page, monkeypatch)
 
 
 def test_a_decomposition_the_model_does_not_match_names_the_way_out(induction, monkeypatch):
-    from attnprobe.capture.anatomy import DecompositionError
     from attnprobe.report import causal
+    from attnprobe.weights.anatomy import DecompositionError
 
     def broken(*args, **kwargs):
         raise DecompositionError("example 0: the components sum to 1 but the logit is 2")
