@@ -20,8 +20,12 @@ demo: setup
 	$(VENV)/bin/attnprobe report --model minilm --text-file analyses/data/census_sentences.txt \
 		--syntax --out runs/demo/report.html --quiet
 
+# Every core (pytest-xdist, -n auto): a file's tests run on one worker (--dist loadfile), so
+# its module fixtures are built once; each worker's torch gets its share of the cores
+# (tests/conftest.py). PYTEST_ARGS adds options, e.g. make test PYTEST_ARGS="-x tests/unit".
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check attnprobe analyses reports tests docs
@@ -32,7 +36,7 @@ docs: setup
 
 # README tables generated from the code (the score table from the score declarations).
 readme: setup
-	$(PY) docs/readme_scores.py
+	$(PY) -m attnprobe.readme
 
 bench: setup
 	$(PY) analyses/bench_capture.py

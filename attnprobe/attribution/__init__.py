@@ -11,9 +11,12 @@ occlusion, ``method_base`` the :class:`Method` protocol and the :data:`METHODS` 
 norms, ``view_common`` the query spec — ``"auto"`` by model kind — and map helpers),
 ``metrics`` (rank and distribution agreement) and ``comparison`` (:func:`compare`: all of it
 over a corpus, or over the tokens a causal LM generates, as tidy tables). A new attribution
-method or attention view is one registered class. Captum and transformers are imported when a
-function needs them.
+method or attention view is one registered class in a module of this package: every module
+here is imported with it (:func:`discover_extensions`), so no list names it. Captum and
+transformers are imported when a function needs them.
 """
+
+from types import ModuleType
 
 from attnprobe.attribution.attention_flow import flow
 from attnprobe.attribution.comparison import DEFAULT_VIEWS, Comparison, compare
@@ -40,12 +43,29 @@ from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import TARGET_KINDS, Target, parse_target
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
 from attnprobe.attribution.views import attention_importance, map_importance, raw, rollout
+from attnprobe.core.plugins import import_modules
 
 __all__ = [
     "DEFAULT_METHODS", "DEFAULT_VIEWS", "METHODS", "TARGET_KINDS", "VIEWS", "Comparison",
     "GradientShap", "InputXGradient", "IntegratedGradients", "LeaveOneOut", "Occlusion",
     "Saliency", "Target", "View", "ViewInput", "agreement", "attention_importance",
-    "attention_x_gradient", "attribute", "attribute_inputs", "compare", "flow", "jsd",
-    "kendall_tau", "map_importance", "norm_based", "norm_importance", "parse_target", "raw",
-    "rollout", "spearman", "topk_overlap", "truth_scores",
+    "attention_x_gradient", "attribute", "attribute_inputs", "compare", "discover_extensions",
+    "flow", "jsd", "kendall_tau", "map_importance", "norm_based", "norm_importance",
+    "parse_target", "raw", "rollout", "spearman", "topk_overlap", "truth_scores",
 ]
+
+
+def discover_extensions() -> list[ModuleType]:
+    """Import every module of this package (those already imported are kept): a module that
+    registers a view (:data:`VIEWS`) or a method (:data:`METHODS`) takes part without being
+    listed anywhere.
+
+    Example:
+        >>> modules = discover_extensions()  # every module of the package, each imported once
+        >>> "attnprobe.attribution.views" in [m.__name__ for m in modules] and "raw" in VIEWS
+        True
+    """
+    return import_modules(__name__)
+
+
+discover_extensions()

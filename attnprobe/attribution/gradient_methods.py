@@ -39,6 +39,8 @@ class IntegratedGradients:
     """
 
     name: ClassVar[str] = "integrated_gradients"
+    summary: ClassVar[str] = ("Integrated Gradients on the input embeddings with its "
+                                "convergence delta (all steps batched)")
     knob: ClassVar[str | None] = "n_steps"
     n_steps: int = 50
     internal_batch_size: int | None = None
@@ -87,6 +89,7 @@ class Saliency(_LayerGradient):
     """``‖∂f/∂e_i‖₂`` over the embedding dimension."""
 
     name: ClassVar[str] = "saliency"
+    summary: ClassVar[str] = "the gradient's norm per token"
 
     def explain(self, problem: Problem) -> Explanation:
         return Explanation(self._attributions(problem, multiply=False).norm(dim=-1))
@@ -98,6 +101,7 @@ class InputXGradient(_LayerGradient):
     """``Σ_d e_i · ∂f/∂e_i`` (gradient × embedding)."""
 
     name: ClassVar[str] = "input_x_gradient"
+    summary: ClassVar[str] = "input × gradient, summed over the embedding"
 
     def explain(self, problem: Problem) -> Explanation:
         return Explanation(self._attributions(problem, multiply=True).sum(-1))
@@ -128,6 +132,7 @@ class GradientShap:
     """
 
     name: ClassVar[str] = "gradient_shap"
+    summary: ClassVar[str] = "GradientSHAP (Captum), seeded"
     knob: ClassVar[str | None] = "n_samples"
     n_samples: int = 20
     stdevs: float = 0.0

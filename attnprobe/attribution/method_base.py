@@ -1,9 +1,10 @@
 """The shared pieces of the attribution methods: the :class:`Problem` a method explains, the
 :class:`Explanation` it returns, the :class:`Method` protocol and the :data:`METHODS` registry.
 
-The methods themselves live in :mod:`attnprobe.attribution.methods` (gradients, and the entry
-point :func:`~attnprobe.attribution.methods.attribute`) and
-:mod:`attnprobe.attribution.perturbation_methods` (leave-one-out, occlusion).
+The methods themselves live in :mod:`attnprobe.attribution.gradient_methods` (gradients) and
+:mod:`attnprobe.attribution.perturbation_methods` (leave-one-out, occlusion); the entry point
+is :func:`~attnprobe.attribution.methods.attribute`. The README's list of methods is generated
+from :data:`METHODS` (``make readme``).
 """
 
 from __future__ import annotations
@@ -140,9 +141,12 @@ class Problem:
 
 
 class Method(Protocol):
-    """An attribution method: parameters as fields, a name and one verb."""
+    """An attribution method: parameters as fields, a name, a ``summary`` (one phrase for the
+    README's generated list of methods) and one verb. A method written in a module of
+    :mod:`attnprobe.attribution` is imported with the package (it is discovered)."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]
     knob: ClassVar[str | None]  # the parameter to lower when a text is over budget
 
     def cost(self, n_tokens: int) -> int: ...

@@ -26,8 +26,8 @@ from attnprobe.attribution.view_common import Query, one_text, read_query, resol
 from attnprobe.capture import Keep, Live, Values, capture
 from attnprobe.capture.info import causal_of
 from attnprobe.capture.sites import Site
-from attnprobe.capture.text import Truncation, encode, model_inputs
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import Truncation, encode, model_inputs
 from attnprobe.types import TokenAttribution
 
 __all__ = ["NORM_FAMILIES", "AttnXGradView", "NormView", "attention_x_gradient", "norm_based",
@@ -157,7 +157,7 @@ def attention_x_gradient(model: nn.Module, tokenizer: Any, text: str, target: Ta
         query: which row of ``R`` to read (``"auto"``: the last token of a causal model,
             the first of any other).
         truncation, max_length: for a text longer than the model allows
-            (:mod:`attnprobe.capture.text`).
+            (:mod:`attnprobe.inputs.text`).
 
     Returns:
         ``[key]`` float64 (``R`` includes the identity, so the query's own token has >= 1).
@@ -267,7 +267,7 @@ def norm_based(model: nn.Module, tokenizer: Any, text: str, *, layer: int,
 
     Args:
         truncation, max_length: for a text longer than the model allows
-            (:mod:`attnprobe.capture.text`).
+            (:mod:`attnprobe.inputs.text`).
 
     Returns:
         ``[head, query, key]`` float64.
@@ -317,6 +317,8 @@ class AttnXGradView(View):
     """``attn_x_grad``: the query row of Chefer's relevance, through every head and layer."""
 
     name = "attn_x_grad"
+    summary = ("attention × gradient (Chefer et al.'s generic rule, gradients through "
+               "`capture(live=True)`), through every head")
     needs_model = True
     needs_target = True
 
@@ -333,6 +335,7 @@ class NormView(View):
     """``norm@L{layer}``: the query row of ``‖α f(x)‖``, mean over the scope's heads."""
 
     name = "norm"
+    summary = "the norm-based ‖α f(x)‖ (Kobayashi et al.; BERT/RoBERTa, GPT-2, LLaMA/Mistral/Qwen2)"
     needs_model = True
 
     def check(self, model: nn.Module | None) -> None:

@@ -69,6 +69,7 @@ class LeaveOneOut(_Batched):
     """``f(x) − f(x without token i)``; the deletions run ``batch_size`` per forward."""
 
     name: ClassVar[str] = "leave_one_out"
+    summary: ClassVar[str] = "the change of the target when a token is deleted (batched)"
     removes: ClassVar[int] = 1
 
     def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
@@ -89,6 +90,8 @@ class Occlusion(_Batched):
     forward."""
 
     name: ClassVar[str] = "occlusion"
+    summary: ClassVar[str] = ("the change of the target when a token is replaced by `[UNK]` "
+                                "(or the baseline token; batched)")
 
     def variants(self, problem: Problem, positions: list[int]) -> torch.Tensor:
         fill = problem.unk_id if problem.unk_id is not None else problem.baseline_id()

@@ -15,9 +15,12 @@ every layer). A new view is one class::
             return [inp.result(scores, inp.amap.key_tokens, f"{self.name}@L{layer}")]
 
 after which ``attention_importance(..., views=["last_layer_max"])`` and
-``compare(..., views=[...])`` run it. The views themselves live in
-:mod:`attnprobe.attribution.views` (raw, rollout), :mod:`attnprobe.attribution.attention_flow`
-(flow) and :mod:`attnprobe.attribution.model_views` (attention × gradient, norms).
+``compare(..., views=[...])`` run it. A view written in a module of
+:mod:`attnprobe.attribution` is imported with the package (it is discovered), and the
+README's list of views is generated from :data:`VIEWS` (``make readme``). The built-in views
+live in :mod:`attnprobe.attribution.views` (raw, rollout),
+:mod:`attnprobe.attribution.attention_flow` (flow) and :mod:`attnprobe.attribution.model_views`
+(attention × gradient, norms).
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ from attnprobe.attribution.view_common import (
 from attnprobe.capture.context import capture
 from attnprobe.capture.corpus import extract
 from attnprobe.capture.info import causal_of
-from attnprobe.capture.text import Truncation, encode, model_inputs
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import Truncation, encode, model_inputs
 from attnprobe.types import AttentionMap, TokenAttribution
 
 __all__ = ["VIEWS", "View", "ViewInput"]
@@ -148,11 +151,14 @@ class View:
 
     Class attributes:
         name: the registry name; results are named ``"{name}@L{layer}"`` per layer.
+        summary: what it reads, one phrase (with its source), for the README's generated
+            list of views (empty: the first line of the class docstring).
         needs_model: it runs the model itself (so it cannot be read off a stored map).
         needs_target: it explains a target (``ViewInput.target`` must be given).
     """
 
     name: ClassVar[str]
+    summary: ClassVar[str] = ""
     needs_model: ClassVar[bool] = False
     needs_target: ClassVar[bool] = False
 

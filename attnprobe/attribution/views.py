@@ -70,9 +70,9 @@ from attnprobe.attribution.view_common import (
     read_query,
     resolve_query,
 )
-from attnprobe.capture.text import Truncation, truncation_mode
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import Truncation, truncation_mode
 from attnprobe.types import AttentionMap, TokenAttribution
 
 __all__ = [
@@ -172,6 +172,8 @@ class RawView(View):
     """``raw@L{layer}``: the query row of the layer's weights, mean over the scope's heads."""
 
     name = "raw"
+    summary = ("the raw row of a query (`cls`, `last`, `mean`, `max` over rows, or an index) "
+               "per head or averaged over the scope's heads")
 
     def importance(self, inp: ViewInput) -> list[TokenAttribution]:
         amap = inp.amap
@@ -184,6 +186,7 @@ class RolloutView(View):
     """``rollout@L{layer}``: the query row of the rollout after each layer (all heads)."""
 
     name = "rollout"
+    summary = "attention rollout (Abnar & Zuidema, residual-augmented), through every head"
 
     def importance(self, inp: ViewInput) -> list[TokenAttribution]:
         amap = inp.amap
@@ -257,7 +260,7 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
         query: which row the views read (module docstring).
         example_id: carried into the results.
         truncation, max_length: for a text longer than the model allows
-            (:mod:`attnprobe.capture.text`); every view sees the same tokens.
+            (:mod:`attnprobe.inputs.text`); every view sees the same tokens.
 
     Returns:
         One :class:`TokenAttribution` per (view, layer), in the order of ``views`` then

@@ -1,24 +1,15 @@
-"""The machinery of head labels: :class:`Thresholds`, :class:`LabelRule` and the :data:`RULES`
-registry (which derives the precedence, the families and the colours from the rules), the
-:func:`rule` decorator, and the helpers that turn scores into evidence strings
-(``"prev_nosink=0.83 > 0.5"``).
+"""The machinery of head labels: :class:`LabelRule` (a rule with its rank, family, colour and
+the :class:`Threshold` s it reads), the :data:`RULES` registry (which derives the precedence,
+the families, the colours and the threshold defaults from the rules), the :func:`rule`
+decorator, and :class:`Thresholds`, a user's values laid over the rules' defaults. The
+evidence strings (``"prev_nosink=0.83 > 0.5"``) are built by
+:mod:`attnprobe.heads.label_evidence`.
 
 Every label belongs to one **family**, the coarse class people ask about; the family is part
-of the label's rule, so a new label names its family in its one entry. The families of the
-built-in labels (:data:`FAMILIES` documents each):
-
-=================  ============================================================
-family             labels
-=================  ============================================================
-local              previous, next, self, offset, vertical+diagonal
-entropy_collapse   collapsed
-block              block
-copying            induction, retrieval, duplicate
-uniform_collapse   broad
-syntactic          syntactic
-sink               sink
-heterogeneous      heterogeneous (the fallback)
-=================  ============================================================
+of the label's rule, so a new label names its family in its one entry (:data:`FAMILIES`
+documents the built-in ones). The families and their labels are ``RULES.families()`` and
+``RULES.labels_of(family)``; the README's list of them is generated from the registry
+(``make readme``).
 
 The rules themselves, and the tables built from them, are in :mod:`attnprobe.heads.labels`.
 """
@@ -26,18 +17,27 @@ The rules themselves, and the tables built from them, are in :mod:`attnprobe.hea
 from __future__ import annotations
 
 import math
-import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from functools import partial
 from numbers import Real
 
-from attnprobe.core.registry import Registry
+from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
+from attnprobe.heads.label_evidence import (
+    Row,
+    all_hold,
+    check_judgeable,
+    comparison,
+    number_text,
+    score_of,
+)
 
-__all__ = ["FALLBACK", "FALLBACK_COLOUR", "FALLBACK_FAMILY", "FAMILIES", "RULES", "LabelRule",
-           "Row", "Rule", "RuleRegistry", "Thresholds", "all_hold", "check_judgeable",
-           "comparison", "fixed_offset", "number_text", "rule", "score_of", "sink_free"]
+__all__ = ["FALLBACK", "FALLBACK_COLOUR", "FALLBACK_FAMILY", "FAMILIES", "FIXED_OFFSET",
+           "MIN_REST", "RULES", "LabelRule", "Row", "Rule", "RuleRegistry", "Threshold",
+           "Thresholds", "all_hold", "check_judgeable", "comparison", "fixed_offset",
+           "number_text", "rule", "score_of", "sink_free"]
 
 FALLBACK = "heterogeneous"  # the label when no rule fires: last in the precedence
 FALLBACK_COLOUR = "#555555"
@@ -57,73 +57,110 @@ FAMILIES = {  # what each built-in family means (a rule may name a new one)
 FAMILY_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 @dataclass(frozen=True)
-class Thresholds:
-    """Every threshold of the rules (module docstring); defaults from the
-    published head-pattern studies (Clark et al. 2019; Kovaleva et al. 2019).
-
-    The sink-free rules (previous, next, self, offset, collapsed, broad, and the copying
-    rules on corpus evidence) read the ``*_nosink`` scores or need ``min_rest``: the head is
-    judged on the mass left after its sink keys.
+class Threshold:
+    """One threshold a label rule reads, declared with the rule (:attr:`LabelRule.thresholds`).
 
     Attributes:
-        min_rest: the sink-free rules fire only when at least this share of the mass is left
-            after the sink keys (``1 - sink``): the pattern of the last few per cent of a
-            head that is all sink is not what the head does.
-        collapsed_entropy_norm: collapsed: ``entropy_norm_nosink`` below this ...
-        collapsed_max_weight: ... and ``max_weight_nosink`` above this.
-        sink: sink: ``sink`` (mass on the sink keys) above this.
-        positional_mass: previous / next / self: ``prev_nosink`` / ``next_nosink`` /
-            ``self_nosink`` above this.
-        offset_pos_score: fixed offset: ``pos_score_nosink`` at least this ...
-        offset_max_weight: ... and ``max_weight_nosink`` above this.
-        diagonal_mass: vertical+diagonal: ``prev + self + next`` at least this ...
-        vertical_mass: ... and ``max(special, first, sink)`` at least this.
-        block: block: same-segment mass at least this (and no positional rule fires).
-        induction: induction: ``rep_induction`` or ``rep_induction_ahead`` above this; without
-            the probe, the corpus' ``induction`` or ``induction_ahead``.
-        retrieval: retrieval: ``retrieval`` above this (Wu et al. 2024 call a head a
-            retrieval head above 0.1).
-        duplicate: duplicate: ``rep_duplicate`` or ``rep_duplicate_ahead`` above this; without
-            the probe, the corpus' ``duplicate`` or ``duplicate_ahead``.
-        min_copy_rows: the corpus' copying scores count only when measured on at least this
-            many query rows that hold an earlier (``_ahead``: later) copy of their token
-            (``induction_rows`` ...): a mean over a handful of chance repeats says little.
-        broad_entropy_norm: broad: ``entropy_norm_nosink`` at least this ...
-        broad_max_weight: ... and ``max_weight_nosink`` at most the larger of this (Clark's
-            10%) ...
-        broad_max_ratio: ... and this times ``chance_weight_nosink`` (short inputs).
-        syntax_margin: syntactic: accuracy minus the best offset baseline at least this ...
-        syntax_count: ... on at least this many dependency arcs.
+        name: the keyword that overrides it (``Thresholds(name=value)``) and the attribute the
+            rule reads (``thresholds.name``).
+        default: its value unless overridden (from the published head-pattern studies where
+            they give one: Clark et al. 2019, Kovaleva et al. 2019).
+        help: what it bounds, one line.
+
+    Several rules may declare one threshold (e.g. ``min_rest``): they must agree on its
+    default.
     """
 
-    min_rest: float = 0.05
-    collapsed_entropy_norm: float = 0.05
-    collapsed_max_weight: float = 0.95
-    sink: float = 0.6
-    positional_mass: float = 0.5
-    offset_pos_score: float = 0.9
-    offset_max_weight: float = 0.8
-    diagonal_mass: float = 0.3
-    vertical_mass: float = 0.3
-    block: float = 0.8
-    induction: float = 0.4
-    retrieval: float = 0.1
-    duplicate: float = 0.4
-    min_copy_rows: float = 20
-    broad_entropy_norm: float = 0.78
-    broad_max_weight: float = 0.1
-    broad_max_ratio: float = 3.0
-    syntax_margin: float = 0.10
-    syntax_count: float = 20
+    name: str
+    default: float
+    help: str
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-                raise InputError(f"threshold {f.name} must be a finite number, got {value!r}")
+        if not isinstance(self.name, str) or not THRESHOLD_NAME.fullmatch(self.name) \
+                or hasattr(Thresholds, self.name):
+            raise InputError(f"a threshold needs a lower-case name that is not an attribute of "
+                             f"Thresholds, got {self.name!r}")
+        check_threshold(self.name, self.default)
+        if not isinstance(self.help, str) or not self.help.strip():
+            raise InputError(f"threshold {self.name} needs a help text")
 
 
-Row = Mapping[str, object]
+THRESHOLD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def check_threshold(name: str, value: object) -> None:
+    """Refuse a threshold value that is not a finite real number (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise InputError(f"threshold {name} must be a finite number, got {value!r}")
+
+
+class Thresholds:
+    """The thresholds the rules read: each rule's declared defaults
+    (:meth:`RuleRegistry.thresholds`), with the values given here laid over them by name.
+
+    ``Thresholds(positional_mass=0.4)`` changes one threshold and keeps every other default,
+    also those of rules registered later. An unknown name or a value that is not a finite
+    number is a one-line :class:`~attnprobe.errors.InputError`. The names, defaults and what
+    each bounds: ``RULES.thresholds()`` (and the README's label precedence, generated from
+    the rules).
+
+    Example:
+        >>> t = Thresholds(sink=0.5)
+        >>> t.sink, t.positional_mass  # given, and a rule's default
+        (0.5, 0.5)
+    """
+
+    __slots__ = ("_given",)
+
+    def __init__(self, **given: float) -> None:
+        known = RULES.declared()
+        for name, value in given.items():
+            if name not in known:
+                raise InputError(one_of("threshold", name, list(known)))
+            check_threshold(name, value)
+        object.__setattr__(self, "_given", dict(given))
+
+    def __getattr__(self, name: str) -> float:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        given = object.__getattribute__(self, "_given")
+        if name in given:
+            return given[name]
+        declared = RULES.threshold(name)
+        if declared is None:
+            raise AttributeError(f"no label rule declares a threshold {name!r}")
+        return declared.default
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Thresholds are frozen: build new ones, e.g. t.replace(sink=0.5)")
+
+    @property
+    def given(self) -> dict[str, float]:
+        """The values laid over the defaults, by name."""
+        return dict(self._given)
+
+    def values(self) -> dict[str, float]:
+        """Every declared threshold's value now (given, else its rule's default)."""
+        return {name: self._given.get(name, entry.default)
+                for name, entry in RULES.thresholds().items()}
+
+    def replace(self, **changes: float) -> Thresholds:
+        """These thresholds with ``changes`` laid over them."""
+        return Thresholds(**{**self._given, **changes})
+
+    def __repr__(self) -> str:
+        return f"Thresholds({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Thresholds) and self._given == other._given
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._given.items())))
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return partial(Thresholds, **self._given), ()
+
+
 Rule = Callable[[Row, Thresholds], str | None]
 HEX_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
@@ -145,6 +182,11 @@ class LabelRule:
             why the rule did not fire although its score passed (e.g. too few rows to
             trust it). The notes of rules ranked before the winning label are added to the
             evidence, so a head that is not ``induction`` says why.
+        thresholds: the :class:`Threshold` s the test reads, with their defaults (keyword
+            only): :class:`Thresholds` lays a user's values over them.
+        help: what fires the rule, one phrase for the README's precedence sentence
+            (keyword only); ``{name}`` stands for the default of the rule's threshold
+            ``name`` (:meth:`summary`).
     """
 
     label: str
@@ -153,6 +195,8 @@ class LabelRule:
     colour: str | None = None
     family: str = field(kw_only=True)
     held_back: Rule | None = field(default=None, kw_only=True)
+    thresholds: tuple[Threshold, ...] = field(default=(), kw_only=True)
+    help: str = field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not self.label.strip():
@@ -172,6 +216,22 @@ class LabelRule:
         if not isinstance(self.family, str) or not FAMILY_NAME.fullmatch(self.family):
             raise InputError(f"label rule {self.label!r}: family must be a lower-case name "
                              f"such as {', '.join(list(FAMILIES)[:3])}, got {self.family!r}")
+        object.__setattr__(self, "thresholds", tuple(self.thresholds))
+        if not all(isinstance(entry, Threshold) for entry in self.thresholds):
+            raise InputError(f"label rule {self.label!r}: thresholds must be Threshold "
+                             "declarations")
+        if not isinstance(self.help, str):
+            raise InputError(f"label rule {self.label!r}: help must be a string")
+        self.summary()  # every {name} of the help is one of the rule's thresholds
+
+    def summary(self) -> str:
+        """The help with the defaults of the rule's thresholds filled in."""
+        defaults = {entry.name: f"{entry.default:g}" for entry in self.thresholds}
+        try:
+            return self.help.format(**defaults)
+        except (KeyError, IndexError, ValueError) as err:
+            raise InputError(f"label rule {self.label!r}: its help names {err} but declares "
+                             f"only the thresholds {', '.join(defaults) or '(none)'}") from None
 
     def __call__(self, row: Row, thresholds: Thresholds) -> str | None:
         return self.test(row, thresholds)
@@ -180,6 +240,10 @@ class LabelRule:
 class RuleRegistry(Registry[LabelRule]):
     """The label rules. The precedence and the colours are read from the rules themselves, so
     they cannot drift from the set of labels."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self._declared: dict[str, Threshold] | None = None  # thresholds(), until a change
 
     def register(self, name: str) -> Callable[[LabelRule], LabelRule]:
         add = super().register(name)
@@ -194,9 +258,40 @@ class RuleRegistry(Registry[LabelRule]):
             if taken:
                 raise InputError(f"label rule {name!r}: rank {entry.rank:g} is taken by "
                                  f"{taken[0]!r}; choose a free rank")
+            declared = self.thresholds()
+            for threshold in entry.thresholds:
+                known = declared.get(threshold.name)
+                if known is not None and known.default != threshold.default:
+                    raise InputError(f"label rule {name!r}: threshold {threshold.name} has the "
+                                     f"default {known.default:g} in another rule, not "
+                                     f"{threshold.default:g}")
+            self._declared = None
             return add(entry)
 
         return checked
+
+    def unregister(self, name: str) -> LabelRule:
+        self._declared = None
+        return super().unregister(name)
+
+    def thresholds(self) -> dict[str, Threshold]:
+        """Every threshold the rules declare, by name, in precedence order of the first rule
+        that declares it (what :class:`Thresholds` overrides)."""
+        return dict(self.declared())
+
+    def threshold(self, name: str) -> Threshold | None:
+        """The declaration of threshold ``name`` (None when no rule declares it)."""
+        return self.declared().get(name)
+
+    def declared(self) -> Mapping[str, Threshold]:
+        """:meth:`thresholds` without a copy (read-only use: it is the registry's cache)."""
+        if self._declared is None:
+            found: dict[str, Threshold] = {}
+            for entry in self.rules():
+                for threshold in entry.thresholds:
+                    found.setdefault(threshold.name, threshold)
+            self._declared = found
+        return self._declared
 
     def add(self, entry: LabelRule) -> LabelRule:
         """Register ``entry`` under its label."""
@@ -239,93 +334,42 @@ class RuleRegistry(Registry[LabelRule]):
 RULES = RuleRegistry("head rule")
 
 
-def rule(label: str, *, rank: float, family: str, colour: str | None = None
-         ) -> Callable[[Rule], Rule]:
-    """Register the decorated test as the rule of ``label``; the test is returned unchanged,
-    so other rules can call it."""
+def rule(label: str, *, rank: float, family: str, colour: str | None = None,
+         thresholds: Sequence[Threshold] = (), help: str = "") -> Callable[[Rule], Rule]:
+    """Register the decorated test as the rule of ``label`` (with the thresholds it reads and
+    its help: :class:`LabelRule`); the test is returned unchanged, so other rules can call
+    it."""
     def add(test: Rule) -> Rule:
-        RULES.add(LabelRule(label, test, rank, colour, family=family))
+        RULES.add(LabelRule(label, test, rank, colour, family=family,
+                            thresholds=tuple(thresholds), help=help))
         return test
 
     return add
 
 
-# ---- what the rules can judge -------------------------------------------------------------
+# ---- helpers of the built-in rules ------------------------------------------------------
 
-# The mean over the rows that may see two keys or more (heads/stats/rows.py): NaN when no row
-# of the corpus does.
-SEVERAL_KEYS = "entropy_norm"
-
-
-def check_judgeable(rows: Sequence[Row]) -> None:
-    """Refuse a table in which no head saw a row with more than one key (a corpus of one-token
-    texts: 1 x 1 maps). Every head then puts its whole weight on the lone key, which every rule
-    would read as a sink or a one-hot pattern: there is nothing to tell the heads apart by.
-    Tables without the ``entropy_norm`` column are not checked."""
-    if not rows or any(SEVERAL_KEYS not in row for row in rows):
-        return
-    if all(score_of(row, SEVERAL_KEYS) is None for row in rows):
-        raise InputError("no attention row of the corpus sees more than one key (every text "
-                         "is one token: 1 x 1 maps), so the heads cannot be told apart "
-                         f"({SEVERAL_KEYS} is NaN for every head); give texts of two tokens "
-                         "or more")
-
-
-# ---- evidence helpers ---------------------------------------------------------------------
-
-def score_of(row: Row, name: str) -> float | None:
-    """The score as a float, or None when it is missing or not finite."""
-    value = row.get(name)
-    if value is None:
-        return None
-    try:
-        value = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def number_text(value: float, other: float | None = None) -> str:
-    """Short form of a number: 3 significant digits, more when needed to differ from ``other``."""
-    if float(value).is_integer() and abs(value) < 1e6:
-        return str(int(value))
-    for digits in range(3, 8):
-        text = f"{value:.{digits}g}"
-        if other is None or text != f"{other:g}":
-            return text
-    return text
-
-
-def comparison(name: str, value: float, op: str, threshold: float) -> str:
-    """``"prev=0.83 > 0.5"``."""
-    return f"{name}={number_text(value, threshold)} {op} {threshold:g}"
-
-
-OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-
-
-def all_hold(row: Row, *tests: tuple[str, str, float]) -> str | None:
-    """Evidence when every ``(column, op, threshold)`` holds, else None."""
-    parts = []
-    for name, op, threshold in tests:
-        value = score_of(row, name)
-        if value is None or not OPERATORS[op](value, threshold):
-            return None
-        parts.append(comparison(name, value, op, threshold))
-    return ", ".join(parts)
+MIN_REST = Threshold("min_rest", 0.05, "the sink-free rules fire only when at least this share "
+                     "of the mass is left after the sink keys (1 - sink): the pattern of the "
+                     "last few per cent of a head that is all sink is not what the head does")
+FIXED_OFFSET = (
+    Threshold("offset_pos_score", 0.9, "fixed offset: pos_score_nosink (share of rows whose "
+              "sink-free argmax is at the head's usual offset) at least this ..."),
+    Threshold("offset_max_weight", 0.8, "... and max_weight_nosink above this"),
+)
 
 
 def sink_free(row: Row, t: Thresholds) -> bool:
     """Whether enough mass is left after the sink keys (``1 - sink >= min_rest``) for the
-    sink-free rules to read the ``*_nosink`` scores; True when the table has no ``sink``."""
+    sink-free rules to read the ``*_nosink`` scores; True when the table has no ``sink``. A
+    rule that calls it declares :data:`MIN_REST`."""
     sink = score_of(row, "sink")
     return sink is None or 1.0 - sink >= t.min_rest
 
 
 def fixed_offset(row: Row, t: Thresholds) -> tuple[int, str] | None:
     """``(offset, evidence)`` for a head whose sink-free argmax sits at one relative offset,
-    else None."""
+    else None. A rule that calls it declares :data:`MIN_REST` and :data:`FIXED_OFFSET`."""
     offset = score_of(row, "pos_offset_nosink")
     evidence = all_hold(row, ("pos_score_nosink", ">=", t.offset_pos_score),
                         ("max_weight_nosink", ">", t.offset_max_weight))

@@ -2,8 +2,9 @@
 evidence and ``also`` per head) and :func:`layer_profile` (label and family shares per layer).
 
 The rules live in :data:`~attnprobe.heads.label_rules.RULES` (the built-in ones are registered
-by :mod:`attnprobe.heads.labels`, which the ``attnprobe.heads`` package imports first); these
-functions read whatever is registered when they run.
+by :mod:`attnprobe.heads.labels` and the modules of :mod:`attnprobe.heads.rules` it discovers,
+which the ``attnprobe.heads`` package imports first); these functions read whatever is
+registered when they run.
 """
 
 from __future__ import annotations

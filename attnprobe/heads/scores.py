@@ -2,9 +2,9 @@
 
 Every column is a :class:`~attnprobe.heads.stats.Score` declared next to the statistic it
 reads (:mod:`attnprobe.heads.stats`), in the order of their ranks; :func:`score_table`
-lists them (the README's score table is generated from it). Means are over every real query
-row unless a score says otherwise; ``syntax_*`` columns come from
-:mod:`attnprobe.heads.dependencies`.
+lists them (the README's score table is generated from them: :mod:`attnprobe.readme.scores`).
+Means are over every real query row unless a score says otherwise; ``syntax_*`` columns come
+from :mod:`attnprobe.heads.dependencies`.
 """
 
 from __future__ import annotations
@@ -59,18 +59,6 @@ def wide_scores(tally: Tally, *, window: int = 3, extra: pd.DataFrame | None = N
         keys = ["stack", "kind", "layer", "head"]
         out = out.merge(extra.drop(columns=["head_id"], errors="ignore"), on=keys, how="left")
     return out
-
-
-SCORE_MARKERS = ("<!-- scores:begin -->", "<!-- scores:end -->")
-
-
-def score_markdown() -> str:
-    """The README's score table (between :data:`SCORE_MARKERS`), from the declarations."""
-    lines = [SCORE_MARKERS[0], "| column | meaning |", "|---|---|"]
-    for score in ranked_scores():
-        names = ", ".join(f"`{name}`" for name in score.name.split(", "))
-        lines.append(f"| {names} | {score.meaning.replace('|', chr(92) + '|')} |")
-    return "\n".join([*lines, SCORE_MARKERS[1]])
 
 
 def score_table() -> pd.DataFrame:

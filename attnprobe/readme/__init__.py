@@ -15,6 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,8 @@ from pathlib import Path
 from attnprobe.core.plugins import import_modules
 from attnprobe.core.registry import Registry
 
-__all__ = ["PARTS", "ReadmePart", "markers", "parts", "render_readme", "stale_parts"]
+__all__ = ["PARTS", "ReadmePart", "bullet", "entry_help", "markers", "paragraph", "parts",
+           "render_readme", "stale_parts"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,43 @@ class ReadmePart:
 
 
 PARTS: Registry[ReadmePart] = Registry("README part")
+
+
+def entry_help(entry: object) -> str:
+    """What a registry entry says about itself, one phrase: its ``summary`` when it has one,
+    else the first paragraph of its docstring (joined into one line, final full stop
+    dropped); empty when it has neither."""
+    summary = getattr(entry, "summary", "")
+    if isinstance(summary, str) and summary.strip():
+        return " ".join(summary.split())
+    doc = inspect.getdoc(entry) or ""
+    return " ".join(doc.split("\n\n")[0].split()).rstrip(".")
+
+
+# A word that would start a new markdown block at the start of a line: a quote, a heading, a
+# list item, a table row.
+BLOCK_START = re.compile(r"^(?:[>#|]|[-+*=]$|\d+[.)]$)")
+GLUE = "\x00"  # a space that may not break
+
+
+def paragraph(text: str, width: int = 96, *, first: str = "", rest: str = "") -> str:
+    """``text`` wrapped at ``width`` (never broken at a hyphen or inside a word), its first
+    line led by ``first`` and the others by ``rest``. A word that would make markdown read a
+    line as a new block (``>``, ``-``, ``1.``, ...) is kept on the line before it."""
+    words = text.split()
+    glued = words[:1]
+    for word in words[1:]:
+        if BLOCK_START.match(word):
+            glued[-1] += GLUE + word
+        else:
+            glued.append(word)
+    return textwrap.fill(" ".join(glued), width, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False, break_long_words=False).replace(GLUE, " ")
+
+
+def bullet(text: str, width: int = 96) -> str:
+    """``text`` as one markdown list item wrapped at ``width`` (continuation lines indented)."""
+    return paragraph(text, width, first="- ", rest="  ")
 
 
 def markers(name: str) -> tuple[str, str]:

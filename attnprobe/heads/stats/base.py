@@ -97,11 +97,11 @@ class Score:
 
 
 class Stat:
-    """Base of the census statistics: ``part`` names the group it belongs to (a census, or
+    """Base of the census statistics: ``group`` names the group it belongs to (a census, or
     the probe, asks for groups), ``needs_ids`` whether it reads token ids, ``columns`` what it
     sums; ``__call__(tile)`` returns ``{column: Sums}``."""
 
-    part: ClassVar[str] = ""
+    group: ClassVar[str] = ""
     needs_ids: ClassVar[bool] = False
     columns: ClassVar[tuple[Column, ...]] = ()
 

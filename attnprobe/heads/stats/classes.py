@@ -9,6 +9,8 @@ from attnprobe.core.reducers import Sums
 from attnprobe.heads.stats.base import STATS, Column, Stat, register_means
 from attnprobe.heads.tile import Tile
 
+RANK = 40  # place in the tally's statistic order (attnprobe.core.plugins)
+
 CLASS_COLUMNS = (
     Column("cls", "mass on `[CLS]`-like start tokens (those the tokenizer has)"),
     Column("sep", "mass on `[SEP]`-like separators"),
@@ -23,7 +25,7 @@ class Classes(Stat):
     """``first`` always; one column per token class of the tile spec (those of
     :func:`~attnprobe.core.tokens.token_classes` the tokenizer has)."""
 
-    part: ClassVar[str] = "classes"
+    group: ClassVar[str] = "classes"
     needs_ids: ClassVar[bool] = True
     columns: ClassVar[tuple[Column, ...]] = (
         Column("first", "mass on the first real token (attention sink, Xiao et al.; Gu et "

@@ -20,6 +20,8 @@ from attnprobe.core.reducers import Sums
 from attnprobe.heads.stats.base import SCORES, STATS, Column, Means, Score, Stat, register_means
 from attnprobe.heads.tile import Tile
 
+RANK = 50  # place in the tally's statistic order (attnprobe.core.plugins)
+
 COPIES = ("duplicate", "induction", "duplicate_ahead", "induction_ahead")
 
 
@@ -42,7 +44,7 @@ def following_keys(pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 class Copies(Stat):
     """Names get the tile spec's prefix (``rep_`` on the repeated-token probe)."""
 
-    part: ClassVar[str] = "match"
+    group: ClassVar[str] = "match"
     needs_ids: ClassVar[bool] = True
     columns: ClassVar[tuple[Column, ...]] = (
         Column("prev", "content mass on the previous token", "own"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from attnprobe.heads.stats.base import SCORES, Score
 
+RANK = 70  # place in the tally's statistic order (attnprobe.core.plugins)
+
 SCORES.register("retrieval")(Score(
     "retrieval", "share of copy steps at which the head's argmax key is the copied needle "
     "token (Wu et al.; `retrieval_scores`, joined to the census table)",

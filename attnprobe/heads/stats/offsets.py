@@ -14,6 +14,8 @@ from attnprobe.core.reducers import NAMED_OFFSETS, Sums, offset_name
 from attnprobe.heads.stats.base import SCORES, STATS, Column, Means, Score, Stat
 from attnprobe.heads.tile import Tile
 
+RANK = 20  # place in the tally's statistic order (attnprobe.core.plugins)
+
 
 def offset_range(tile: Tile) -> tuple[int, int] | None:
     """Lowest and highest offset ``key - query`` between a valid row and a real key of the
@@ -80,7 +82,7 @@ class Offsets(Stat):
     ``argmax@far`` (None: a bin per offset, O(length) statistics per block on long
     inputs)."""
 
-    part: ClassVar[str] = "offsets"
+    group: ClassVar[str] = "offsets"
     columns: ClassVar[tuple[Column, ...]] = (
         Column("distance", "attention distance Σ_j a_ij |i - j| in tokens"),
         Column("offset@<d>", "mass on the key at relative offset d (``far``: beyond the "

@@ -11,9 +11,11 @@ from attnprobe.core.reducers import Sums
 from attnprobe.heads.stats.base import STATS, Column, Stat, register_means
 from attnprobe.heads.tile import Tile
 
+RANK = 10  # place in the tally's statistic order (attnprobe.core.plugins)
+
 
 class Rows(Stat):
-    part: ClassVar[str] = "rows"
+    group: ClassVar[str] = "rows"
     columns: ClassVar[tuple[Column, ...]] = (
         Column("entropy", "row entropy, nats"),
         Column("entropy_norm", "row entropy / ln(keys the row may attend to); 1.0 = uniform "

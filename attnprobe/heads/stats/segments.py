@@ -12,6 +12,8 @@ from attnprobe.core.reducers import Sums
 from attnprobe.heads.stats.base import STATS, Column, Stat, register_means
 from attnprobe.heads.tile import Tile
 
+RANK = 60  # place in the tally's statistic order (attnprobe.core.plugins)
+
 
 def segment_index(key_ids: torch.Tensor, real: torch.Tensor, separators: torch.Tensor
                   ) -> torch.Tensor:
@@ -21,7 +23,7 @@ def segment_index(key_ids: torch.Tensor, real: torch.Tensor, separators: torch.T
 
 
 class Segments(Stat):
-    part: ClassVar[str] = "segments"
+    group: ClassVar[str] = "segments"
     needs_ids: ClassVar[bool] = True
     columns: ClassVar[tuple[Column, ...]] = (
         Column("block", "share of content attention beyond the neighbours kept in the "

@@ -21,6 +21,8 @@ from attnprobe.heads.stats.base import SCORES, STATS, Column, Means, Score, Stat
 from attnprobe.heads.stats.offsets import argmax_shares
 from attnprobe.heads.tile import Tile
 
+RANK = 30  # place in the tally's statistic order (attnprobe.core.plugins)
+
 
 def _argmax_bins(offsets: torch.Tensor, weights: torch.Tensor, n_heads: int,
                  max_offset: int | None) -> dict[str, torch.Tensor]:
@@ -52,7 +54,7 @@ def _argmax_bins(offsets: torch.Tensor, weights: torch.Tensor, n_heads: int,
 class Sinks(Stat):
     """The rule that finds the sink keys, and the far-offset limit, are the tile spec's."""
 
-    part: ClassVar[str] = "sinks"
+    group: ClassVar[str] = "sinks"
     columns: ClassVar[tuple[Column, ...]] = (
         Column("sink", "mass on the head's sink keys (and on a learned sink)"),
         Column("sink_rate", "share of rows whose sink mass is above ε (Gu et al.)"),

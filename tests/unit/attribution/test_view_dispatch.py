@@ -31,8 +31,14 @@ class LastLayerMax(View):
         return [inp.result(row, amap.key_tokens, f"{self.name}@L{amap.layers[-1]}")]
 
 
-if TOY not in VIEWS:  # one class, registered where it is written: nothing else changes
+@pytest.fixture(scope="module", autouse=True)
+def toy_view():
+    """One class, registered where it is written: nothing else changes. Removed after this
+    module, so elsewhere the registry (and the README generated from it) holds the package's
+    views only."""
     VIEWS.register(TOY)(LastLayerMax)
+    yield
+    VIEWS.unregister(TOY)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 import math
+import pickle
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ from attnprobe.heads.labels import (
     PRECEDENCE,
     RULES,
     LabelRule,
+    Threshold,
     Thresholds,
     classify_scores,
     layer_profile,
@@ -43,13 +45,11 @@ def map_scores(pattern):
             "max_weight_nosink": a.max(axis=1).mean(), "chance_weight_nosink": 1 / n, **mass}
 
 
-# The families of the issue ("Causal language models, first class", section 2), written out
-# here rather than read from the registry.
-FAMILY = {"previous": "local", "next": "local", "self": "local", "offset": "local",
-          "vertical+diagonal": "local", "collapsed": "entropy_collapse", "block": "block",
-          "induction": "copying", "retrieval": "copying", "duplicate": "copying",
-          "broad": "uniform_collapse", "syntactic": "syntactic", "sink": "sink",
-          "heterogeneous": "heterogeneous"}
+# The documented core of the families (README, "Labels"): a few labels and the family each
+# belongs to, written out here rather than read from the registry.
+CORE_FAMILY = {"previous": "local", "offset": "local", "collapsed": "entropy_collapse",
+               "block": "block", "induction": "copying", "broad": "uniform_collapse",
+               "syntactic": "syntactic", "sink": "sink", "heterogeneous": "heterogeneous"}
 
 # ---- each label fires for a row built to satisfy it ------------------------------------------
 
@@ -102,7 +102,7 @@ LABEL_CASES = [
 def test_each_label_fires_for_a_row_built_to_satisfy_it(label, scores, evidence):
     row = classify_one(**scores)
     assert (row["label"], row["evidence"], row["also"]) == (label, evidence, "")
-    assert row["family"] == FAMILY[label]
+    assert row["family"] == RULES.family(label)
 
 
 def test_every_label_but_the_fallback_has_one_registered_rule():
@@ -461,22 +461,40 @@ def tilted_rule():
         RULES.remove("tilted")
 
 
-def test_builtin_ranks_give_the_documented_precedence():
-    assert PRECEDENCE == ("previous", "next", "self", "offset", "collapsed",
-                          "vertical+diagonal", "block", "induction", "retrieval", "duplicate",
-                          "broad", "syntactic", "sink", "heterogeneous")
+def test_the_precedence_is_every_rule_in_rank_order_with_the_fallback_last():
+    assert len(set(PRECEDENCE)) == len(PRECEDENCE) and PRECEDENCE[-1] == "heterogeneous"
     ranks = [RULES.get(label).rank for label in PRECEDENCE[:-1]]
-    assert ranks == sorted(ranks)
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    assert set(CORE_FAMILY) <= set(PRECEDENCE)  # the documented core is there
+    # the literature's order for the core: positional before collapsed before copying before
+    # broad before syntactic before sink (Clark's order with sink moved last)
+    core = [label for label in PRECEDENCE if label in
+            ("previous", "collapsed", "induction", "broad", "syntactic", "sink")]
+    assert core == ["previous", "collapsed", "induction", "broad", "syntactic", "sink"]
+
+
+def test_every_rule_has_a_colour_a_family_help_and_thresholds_with_defaults():
     colours = [RULES.colour(label) for label in PRECEDENCE]
     assert None not in colours and len(set(colours)) == len(colours)
+    for entry in RULES.rules():
+        assert entry.family in label_rules.FAMILIES, entry.label
+        assert entry.help and entry.summary() != "", entry.label
+        assert entry.thresholds, entry.label
+        for threshold in entry.thresholds:
+            assert threshold.help and math.isfinite(threshold.default)
+            assert getattr(Thresholds(), threshold.name) == threshold.default
+            assert f"{{{threshold.name}}}" not in entry.summary()  # filled in
 
 
 def test_every_label_has_its_documented_family():
-    assert {label: RULES.family(label) for label in PRECEDENCE} == FAMILY
-    assert RULES.families() == ("local", "entropy_collapse", "block", "copying",
-                                "uniform_collapse", "syntactic", "sink", "heterogeneous")
-    assert set(RULES.families()) == set(label_rules.FAMILIES)
-    assert RULES.labels_of("copying") == ("induction", "retrieval", "duplicate")
+    assert {label: RULES.family(label) for label in CORE_FAMILY} == CORE_FAMILY
+    families = RULES.families()
+    assert len(set(families)) == len(families) and families[-1] == "heterogeneous"
+    assert set(families) == set(label_rules.FAMILIES)
+    firsts = [PRECEDENCE.index(RULES.labels_of(family)[0]) for family in families]
+    assert firsts == sorted(firsts)  # ordered by their first label
+    assert {label for family in families for label in RULES.labels_of(family)} \
+        == set(PRECEDENCE)
     assert RULES.family("no such label") is None
 
 
@@ -617,3 +635,61 @@ def test_a_head_that_is_all_sink_gets_no_copying_label_from_the_corpus():
                                                             "first=0.98")
     row = classify_one(sink=0.9, first=0.9, induction=0.9, induction_rows=100)
     assert (row["label"], row["also"]) == ("induction", "sink")
+
+
+# ---- thresholds: declared by the rules, overridden by name ------------------------------------
+
+def test_an_unknown_threshold_is_a_one_line_error_naming_the_known_ones():
+    with pytest.raises(InputError, match="unknown threshold 'positional_mas'") as err:
+        Thresholds(positional_mas=0.4)
+    assert "'positional_mass'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_thresholds_lay_the_given_values_over_the_rules_defaults():
+    declared = RULES.thresholds()
+    t = Thresholds(sink=0.5)
+    assert t.sink == 0.5 and t.given == {"sink": 0.5}
+    assert {name: value for name, value in t.values().items() if name != "sink"} \
+        == {name: entry.default for name, entry in declared.items() if name != "sink"}
+    assert t.replace(block=0.9) == Thresholds(sink=0.5, block=0.9)
+    assert pickle.loads(pickle.dumps(t)) == t and hash(t) == hash(Thresholds(sink=0.5))
+    with pytest.raises(AttributeError):
+        t.sink = 0.7  # frozen
+
+
+def test_a_later_rule_brings_its_threshold_to_thresholds_made_before(tilted_rule):
+    before = Thresholds(sink=0.5)
+    extra = LabelRule("leaning", tilted, rank=26, family="tilts",
+                      thresholds=(Threshold("lean", 0.25, "leaning: lean above this"),),
+                      help="lean > {lean}")
+    RULES.add(extra)
+    try:
+        assert before.lean == 0.25 and Thresholds(lean=0.3).lean == 0.3
+        assert extra.summary() == "lean > 0.25"
+    finally:
+        RULES.remove("leaning")
+    with pytest.raises(AttributeError, match="lean"):
+        before.lean  # noqa: B018
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    (LabelRule("leaning", tilted, rank=26, family="tilts",
+               thresholds=(Threshold("sink", 0.9, "another sink bound"),)),
+     "threshold sink has the default 0.6 in another rule, not 0.9"),
+])
+def test_a_threshold_declared_twice_must_keep_one_default(entry, message):
+    with pytest.raises(InputError, match=message):
+        RULES.add(entry)
+    assert "leaning" not in RULES
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: LabelRule("leaning", tilted, rank=26, family="tilts", help="lean > {lean}"),
+     "its help names 'lean'"),
+    (lambda: Threshold("lean", float("nan"), "x"), "threshold lean must be a finite number"),
+    (lambda: Threshold("values", 0.1, "x"), "not an attribute of Thresholds"),
+    (lambda: Threshold("lean", 0.1, " "), "needs a help text"),
+])
+def test_a_malformed_threshold_or_help_is_refused(make, message):
+    with pytest.raises(InputError, match=message):
+        make()
