@@ -44,7 +44,7 @@ import torch
 
 from attnprobe.capture.calls import ForwardCall
 from attnprobe.capture.sites import Site
-from attnprobe.core.reducers import Reducer, Sums, Tally, default_reducers
+from attnprobe.core.reducers import Reducer, Tally, default_reducers
 from attnprobe.core.row_blocks import TokenView, row_block, visible_from_weights
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
@@ -194,12 +194,8 @@ class Reduce(Part):
         span = slice(rows.q_start, rows.q_start + q_block)
         block = row_block(kept, queries, keys, rows=span, key_span=rows.keys, visible=visible,
                           learned_sink=site in host.learned_sinks)
-        sums: dict[str, Sums] = {}
-        for reducer in self.reducers:
-            sums.update(reducer(block))
         last = rows.q_start + q_block >= rows.q_total  # more blocks of the site follow?
-        finite = host.tally.add_sums(site.key, heads, float(block.query_valid.sum()), sums,
-                                     more=not last)
+        finite = host.tally.add(site.key, heads, block, self.reducers, more=not last)
         if not finite:  # reducers mask padding rows: a NaN weight a sum reads is a real row's
             raise InputError(f"a real query row at {site.path} has NaN or inf weights "
                              "(fully masked?)")

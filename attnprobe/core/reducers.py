@@ -1,12 +1,18 @@
 """Streaming head statistics: reducers that consume attention as it is computed.
 
-A reducer turns a block of attention rows into per-head *sums*; a :class:`Tally` adds those
-sums and the number of rows seen. Means are ``sum / count``, so tallies from different
-batches, processes or machines merge exactly with ``+``. No ``[query, key]`` matrix has to be
-kept: the capture seam can feed blocks of query rows and drop them.
+A reducer turns a block of attention rows (:class:`~attnprobe.core.row_blocks.RowBlock`) into
+per-head *sums*; a :class:`Tally` adds those sums and the number of rows seen. Means are
+``sum / count``, so tallies from different batches, processes or machines merge exactly with
+``+``. No ``[query, key]`` matrix has to be kept: the capture seam can feed blocks of query
+rows and drop them.
 
 Every reducer is a frozen dataclass with a ``name`` and ``__call__(block) -> {statistic: sums}``
-where ``sums`` is a float64 tensor ``[head]``.
+where ``sums`` is a float64 tensor ``[head]``; :func:`reduce_block` runs a list of them (the
+one loop every reader of row blocks uses). The per-head numbers have one home, the census
+statistics (:mod:`attnprobe.heads.stats`): the simple reducers of the per-head summary
+(``Entropy``, ``MaxWeight``, ``OffsetMass``) are views of them, registered here by
+:mod:`attnprobe.heads.stat_views` (this floor cannot import them). :class:`KeyMass` — the mass
+at a key position, without token ids — has no census counterpart and is defined here.
 """
 
 from __future__ import annotations
@@ -20,73 +26,13 @@ import pandas as pd
 import torch
 
 from attnprobe.core.display import counted, describe, indices
-from attnprobe.core.divergence import entropy
 from attnprobe.core.packed_sums import PackedSums, Sums
 from attnprobe.core.registry import Registry
+from attnprobe.core.row_blocks import RowBlock
 from attnprobe.core.scope import head_id
-from attnprobe.errors import InputError
 
 # Tidy columns of Tally.to_frame().
 STAT_COLUMNS = ("stack", "kind", "layer", "head", "head_id", "statistic", "value", "sum", "count")
-
-
-@dataclass(frozen=True)
-class RowBlock:
-    """A block of attention rows of one layer, with what is needed to skip padding.
-
-    Shapes:
-        pattern: ``[batch, head, query_block, key]`` post-softmax weights.
-        query_valid: ``[batch, query_block]`` bool, False on padding rows.
-        query_pos: ``[batch, query_block]`` position of each row among the real query tokens.
-        key_pos: ``[batch, key]`` position of each key among the real key tokens, -1 on padding.
-        key_len: ``[batch]`` number of real keys.
-        visible: ``[batch, query_block]`` number of keys each row may attend to (causal and
-            sliding-window masks make this smaller than ``key_len``); ``None`` = all real keys.
-        query_ids / key_ids: ``[batch, query_block]`` / ``[batch, key]`` token ids, or ``None``
-            when the model was not called with token ids.
-        learned_sink: the heads give part of each row's mass to a learned sink (a logit with
-            no key, GPT-OSS), so rows sum to at most 1 and the rest counts as sink mass.
-    """
-
-    pattern: torch.Tensor
-    query_valid: torch.Tensor
-    query_pos: torch.Tensor
-    key_pos: torch.Tensor
-    key_len: torch.Tensor
-    visible: torch.Tensor | None = None
-    query_ids: torch.Tensor | None = None
-    key_ids: torch.Tensor | None = None
-    learned_sink: bool = False
-
-    def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
-        """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
-        valid = self.query_valid[:, None, :].to(per_row.device)
-        kept = torch.where(valid, per_row, 0.0)  # padding rows may hold NaN
-        return kept.sum(dim=(0, 2), dtype=torch.float64)  # float64 on the fly: no copy
-
-    def visible_keys(self) -> torch.Tensor:
-        """``[batch, query_block]`` keys each row may attend to (at least 1)."""
-        if self.visible is None:
-            return self.key_len[:, None].expand_as(self.query_pos)
-        return self.visible.clamp(min=1)
-
-    def real_keys(self) -> torch.Tensor:
-        """``[batch, key]`` bool: the key is a real token."""
-        return self.key_pos >= 0
-
-    def __repr__(self) -> str:
-        batch, heads, rows, keys = self.pattern.shape
-        return describe("RowBlock", f"{counted(batch, 'example')} × {counted(heads, 'head')} × "
-                        f"{counted(rows, 'query row')} × {counted(keys, 'key')}",
-                        f"{counted(int(self.query_valid.sum()), 'real row')}",
-                        "token ids" if self.key_ids is not None else "no token ids")
-
-    def require_ids(self, reducer: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Query and key token ids, or a clear error naming the reducer that needs them."""
-        if self.query_ids is None or self.key_ids is None:
-            raise InputError(f"the {reducer} statistic needs token ids: call the model with "
-                             "input_ids inside the capture (or pass token ids to tally_maps)")
-        return self.query_ids, self.key_ids
 
 
 class Reducer(Protocol):
@@ -97,37 +43,18 @@ class Reducer(Protocol):
 
 REDUCERS: Registry[type] = Registry("reducer")
 
-
-@REDUCERS.register("entropy")
-@dataclass(frozen=True)
-class Entropy:
-    """Row entropy ``-Σ_j a_ij ln a_ij`` in nats (``ln n`` for a uniform row over n keys).
-
-    ``smoothing`` mixes in a uniform distribution over the real keys first
-    (Clark et al. use 1e-4).
-    """
-
-    smoothing: float = 0.0
-    name: str = "entropy"
-
-    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
-        a = block.pattern
-        if self.smoothing:
-            real = (block.key_pos >= 0)[:, None, None, :].to(a.dtype)
-            uniform = real / block.key_len[:, None, None, None].to(a.dtype)
-            a = (1 - self.smoothing) * a + self.smoothing * uniform
-        return {self.name: block.masked_row_sum(entropy(a))}
+DEFAULT_REDUCERS = ("entropy", "max_weight", "offset_mass", "key_mass")
+"""The per-head summary, by :data:`REDUCERS` name, in column order (the first three are
+registered by :mod:`attnprobe.heads.stat_views`, which ``import attnprobe`` loads)."""
 
 
-@REDUCERS.register("max_weight")
-@dataclass(frozen=True)
-class MaxWeight:
-    """Largest weight of each row (1.0 for a one-hot row, 1/n for a uniform one)."""
-
-    name: str = "max_weight"
-
-    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
-        return {self.name: block.masked_row_sum(block.pattern.amax(-1))}
+def reduce_block(reducers: Iterable[Reducer], block: RowBlock) -> dict[str, Sums]:
+    """Every reducer's sums of ``block``, merged in order (a later statistic of the same name
+    wins): the one reducer loop of the capture, the census and stored maps."""
+    sums: dict[str, Sums] = {}
+    for reducer in reducers:
+        sums.update(reducer(block))
+    return sums
 
 
 NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}  # the one definition of these names
@@ -136,30 +63,6 @@ NAMED_OFFSETS = {-1: "prev", 0: "self", 1: "next"}  # the one definition of thes
 def offset_name(offset: int) -> str:
     """``prev``, ``self``, ``next``, or ``offset+k`` / ``offset-k``."""
     return NAMED_OFFSETS.get(offset, f"offset{offset:+d}")
-
-
-@REDUCERS.register("offset_mass")
-@dataclass(frozen=True)
-class OffsetMass:
-    """Mass on the key at relative offset ``key - query`` (-1 previous, 0 self, +1 next).
-
-    Statistics are named ``prev``, ``self``, ``next`` or ``offset+k``. A row whose offset
-    falls outside the sentence contributes 0.
-    """
-
-    offsets: tuple[int, ...] = (-1, 0, 1)
-    name: str = "offset_mass"
-
-    def __call__(self, block: RowBlock) -> dict[str, torch.Tensor]:
-        out = {}
-        # [batch, query_block, key]: relative offset of each key from each query, in real tokens
-        rel = block.key_pos[:, None, :] - block.query_pos[:, :, None]
-        real_key = (block.key_pos >= 0)[:, None, :]
-        for offset in self.offsets:
-            hit = ((rel == offset) & real_key).to(block.pattern.dtype)  # [batch, query_block, key]
-            mass = (block.pattern * hit[:, None]).sum(-1)
-            out[offset_name(offset)] = block.masked_row_sum(mass)
-        return out
 
 
 @REDUCERS.register("key_mass")
@@ -186,7 +89,8 @@ class KeyMass:
 
 
 def default_reducers() -> list[Reducer]:
-    """The per-head summary: entropy, max weight, previous/self/next mass, first-key mass.
+    """The per-head summary: entropy, max weight, previous/self/next mass, first-key mass
+    (:data:`DEFAULT_REDUCERS`, each with its default settings).
 
     Example:
         >>> [type(r).__name__ for r in default_reducers()]
@@ -195,7 +99,7 @@ def default_reducers() -> list[Reducer]:
         >>> list(tally.summary().columns[5:])           # one column per statistic
         ['entropy', 'max_weight', 'prev', 'self', 'next', 'key[0]']
     """
-    return [Entropy(), MaxWeight(), OffsetMass(), KeyMass((0,))]
+    return [REDUCERS.get(name)() for name in DEFAULT_REDUCERS]
 
 
 SiteKey = tuple[str, str, int]  # (stack, kind, layer)
@@ -222,12 +126,11 @@ class Tally:
     _pending: dict[SiteKey, PackedSums] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, site: SiteKey, heads: tuple[int, ...], block: RowBlock,
-            reducers: Iterable[Reducer]) -> None:
-        """Feed one block of rows of one layer (``pattern`` restricted to ``heads``)."""
-        sums: dict[str, Sums] = {}
-        for reducer in reducers:
-            sums.update(reducer(block))
-        self.add_sums(site, heads, float(block.query_valid.sum()), sums)
+            reducers: Iterable[Reducer], *, more: bool = False) -> bool:
+        """Feed one block of rows of one layer (``pattern`` restricted to ``heads``) to
+        ``reducers``; ``more`` and the result as :meth:`add_sums`."""
+        return self.add_sums(site, heads, float(block.query_valid.sum()),
+                             reduce_block(reducers, block), more=more)
 
     def add_sums(self, site: SiteKey, heads: tuple[int, ...], rows: float,
                  sums: dict[str, Sums], *, more: bool = False) -> bool:

@@ -1,6 +1,6 @@
 """One producer of row blocks, with one rule for which keys a row may see.
 
-Every reader of attention rows builds its :class:`~attnprobe.core.reducers.RowBlock` here:
+Every reader of attention rows builds its :class:`RowBlock` here (defined here too):
 the capture's streaming part (:class:`~attnprobe.capture.parts.Reduce`, also behind
 retrieval), the census, and summaries of stored maps. They hand over what they know — the
 weights ``[batch, head, rows, keys]``, each side's tokens (:class:`TokenView`), which rows
@@ -20,18 +20,90 @@ here).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import torch
 
-from attnprobe.core.reducers import RowBlock
+from attnprobe.core.display import counted, describe
+from attnprobe.errors import InputError
 
-__all__ = ["KeyRule", "SeenPairs", "TokenView", "key_rule", "row_block", "seen_pairs",
-           "stack_heads", "visible_from_weights"]
+__all__ = ["KeyRule", "RowBlock", "SeenPairs", "TokenView", "key_rule", "row_block",
+           "seen_pairs", "stack_heads", "visible_from_weights"]
 
 RuleKind = Literal["all", "causal", "window", "weights"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """A block of attention rows of one layer, with what is needed to skip padding.
+
+    Shapes:
+        pattern: ``[batch, head, query_block, key]`` post-softmax weights.
+        query_valid: ``[batch, query_block]`` bool, False on padding rows.
+        query_pos: ``[batch, query_block]`` position of each row among the real query tokens.
+        key_pos: ``[batch, key]`` position of each key among the real key tokens, -1 on padding.
+        key_len: ``[batch]`` number of real keys.
+        visible: ``[batch, query_block]`` number of keys each row may attend to (causal and
+            sliding-window masks make this smaller than ``key_len``); ``None`` = all real keys.
+        query_ids / key_ids: ``[batch, query_block]`` / ``[batch, key]`` token ids, or ``None``
+            when the model was not called with token ids.
+        learned_sink: the heads give part of each row's mass to a learned sink (a logit with
+            no key, GPT-OSS), so rows sum to at most 1 and the rest counts as sink mass.
+    """
+
+    pattern: torch.Tensor
+    query_valid: torch.Tensor
+    query_pos: torch.Tensor
+    key_pos: torch.Tensor
+    key_len: torch.Tensor
+    visible: torch.Tensor | None = None
+    query_ids: torch.Tensor | None = None
+    key_ids: torch.Tensor | None = None
+    learned_sink: bool = False
+    # what the reducers of this block derive from it, made once (e.g. the census
+    # statistics' Tile, read by every simple reducer that is a view of them)
+    memo: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False,
+                                      repr=False)
+
+    def shared(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, called once per block and ``key``: a quantity several reducers of the
+        block read (the first reducer pays for it, the others reuse it)."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+    def masked_row_sum(self, per_row: torch.Tensor) -> torch.Tensor:
+        """Sum ``[batch, head, query_block]`` values over valid rows -> ``[head]`` float64."""
+        valid = self.query_valid[:, None, :].to(per_row.device)
+        kept = torch.where(valid, per_row, 0.0)  # padding rows may hold NaN
+        return kept.sum(dim=(0, 2), dtype=torch.float64)  # float64 on the fly: no copy
+
+    def visible_keys(self) -> torch.Tensor:
+        """``[batch, query_block]`` keys each row may attend to (at least 1)."""
+        if self.visible is None:
+            return self.key_len[:, None].expand_as(self.query_pos)
+        return self.visible.clamp(min=1)
+
+    def real_keys(self) -> torch.Tensor:
+        """``[batch, key]`` bool: the key is a real token."""
+        return self.key_pos >= 0
+
+    def __repr__(self) -> str:
+        batch, heads, rows, keys = self.pattern.shape
+        return describe("RowBlock", f"{counted(batch, 'example')} × {counted(heads, 'head')} × "
+                        f"{counted(rows, 'query row')} × {counted(keys, 'key')}",
+                        f"{counted(int(self.query_valid.sum()), 'real row')}",
+                        "token ids" if self.key_ids is not None else "no token ids")
+
+    def require_ids(self, reducer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query and key token ids, or a clear error naming the reducer that needs them."""
+        if self.query_ids is None or self.key_ids is None:
+            raise InputError(f"the {reducer} statistic needs token ids: call the model with "
+                             "input_ids inside the capture (or pass token ids to tally_maps)")
+        return self.query_ids, self.key_ids
 
 
 class TokenView(NamedTuple):

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import ClassVar
 
 import torch
 
 from attnprobe.core.display import counted, describe
-from attnprobe.core.reducers import REDUCERS, RowBlock, Sums
+from attnprobe.core.reducers import REDUCERS, Sums
+from attnprobe.core.row_blocks import RowBlock
 from attnprobe.errors import InputError
 from attnprobe.heads.sinks import SinkRule
 from attnprobe.heads.stats import STATS, Stat
 from attnprobe.heads.tile import Tile, TileSpec
 
 
-def census_parts() -> frozenset[str]:
-    """The parts a census may ask for: each registered statistic's ``part``."""
-    return frozenset(stat.part for stat in STATS.values())
+def stat_groups() -> frozenset[str]:
+    """The groups of statistics a census may ask for: each registered statistic's
+    ``group``."""
+    return frozenset(stat.group for stat in STATS.values())
 
 
 @REDUCERS.register("census")
@@ -35,7 +38,7 @@ class CensusStats:
         classes: token class -> ids, from :func:`attnprobe.core.tokens.token_classes`; empty
             without a tokenizer.
         max_offset: offsets beyond ±max_offset are pooled into ``offset@far``/``argmax@far``.
-        parts: which statistics to compute (:func:`census_parts`; None: every registered
+        groups: which statistics to compute (:func:`stat_groups`; None: every registered
             statistic); those that read token ids (``classes``, ``match``, ``segments``) are
             left out of blocks without ids and no token classes (``sinks`` uses ids for the
             start tokens when present).
@@ -48,27 +51,29 @@ class CensusStats:
         >>> a = torch.full((1, 1, 3, 3), 1 / 3)  # [batch, head, query, key]: uniform rows
         >>> pos = torch.arange(3)[None]
         >>> block = RowBlock(a, torch.ones(1, 3, dtype=torch.bool), pos, pos, torch.tensor([3]))
-        >>> sums = CensusStats(parts=frozenset({"rows"}))(block)
+        >>> sums = CensusStats(groups=frozenset({"rows"}))(block)
         >>> round(float(sums["max_weight"][0]), 4)  # three rows of max 1/3
         1.0
     """
 
     classes: dict[str, torch.Tensor] = field(default_factory=dict)
     max_offset: int | None = None
-    parts: frozenset[str] | None = None
+    groups: frozenset[str] | None = None
     prefix: str = ""
     sinks: SinkRule = field(default_factory=SinkRule)
     name: str = "census"
+    summary: ClassVar[str] = ("every census statistic (`heads/stats/`), read off one Tile per "
+                              "block of rows; what `ap.heads.census` sums")
 
     def __post_init__(self) -> None:
-        known = census_parts()
-        unknown = sorted(set(self.parts or ()) - known)
+        known = stat_groups()
+        unknown = sorted(set(self.groups or ()) - known)
         if unknown:
-            raise InputError(f"unknown census part(s) {', '.join(unknown)}; choose from "
+            raise InputError(f"unknown statistic group(s) {', '.join(unknown)}; choose from "
                              f"{', '.join(sorted(known))}")
 
     def __repr__(self) -> str:
-        return describe("CensusStats", ", ".join(sorted(self.parts)) if self.parts is not None
+        return describe("CensusStats", ", ".join(sorted(self.groups)) if self.groups is not None
                         else "every statistic",
                         counted(len(self.classes), "token class", "token classes"),
                         f"max offset {self.max_offset}" if self.max_offset else "every offset",
@@ -82,7 +87,7 @@ class CensusStats:
     def stats(self) -> tuple[Stat, ...]:
         """The statistics asked for, in the registry's order."""
         return tuple(stat for stat in STATS.values()
-                     if self.parts is None or stat.part in self.parts)
+                     if self.groups is None or stat.group in self.groups)
 
     def __call__(self, block: RowBlock) -> dict[str, Sums]:
         with_ids = bool(self.classes) or block.key_ids is not None

@@ -15,8 +15,8 @@ the census needs:
 * with dependency trees, the padded weights of the main self-attention stack (word-level
   syntax needs every row; the part then asks for whole rows).
 
-:meth:`CensusTap.take` turns what one forward left into a mergeable
-:class:`~attnprobe.heads.census_parts.CensusPart` (and the padded weights syntax reads).
+:meth:`CensusTap.take` turns what one forward left into mergeable
+:class:`~attnprobe.heads.census_sums.CensusSums` (and the padded weights syntax reads).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import torch
 from attnprobe.capture.calls import BatchPatterns
 from attnprobe.capture.parts import Host, Part, Rows
 from attnprobe.capture.sites import Site
-from attnprobe.core.reducers import Reducer, RowBlock, Sums, Tally
-from attnprobe.core.row_blocks import TokenView, row_block, stack_heads
-from attnprobe.heads.census_parts import CensusPart, StackedSums
+from attnprobe.core.reducers import Reducer, Tally, reduce_block
+from attnprobe.core.row_blocks import RowBlock, TokenView, row_block, stack_heads
+from attnprobe.heads.census_sums import CensusSums, StackedSums
 from attnprobe.heads.similarity import HeadDistances
 
 __all__ = ["CensusTap", "Forward"]
@@ -99,12 +99,8 @@ class CensusTap(Part):
             group = (site.stack, site.kind, tuple(pattern.shape[1:]))
             now.blocks.setdefault(group, {})[site] = block
         else:  # a long input's block of rows: reduced now, its sums packed per site
-            sums: dict[str, Sums] = {}
-            for reducer in self.reducers:
-                sums.update(reducer(block))
             last = rows.q_start + q_block >= rows.q_total
-            now.tally.add_sums(site.key, rows.heads, float(block.query_valid.sum()), sums,
-                               more=not last)
+            now.tally.add(site.key, rows.heads, block, self.reducers, more=not last)
         if self.sample_rows != 0 and site.kind == "self":
             self._sample(site, queries.valid, span, rows.keys, pattern, keys.valid)
 
@@ -128,12 +124,12 @@ class CensusTap(Part):
             self.now.samples.setdefault(site, []).append((order, rows))
         self.now.key_valid[site] = key_valid[b]
 
-    def take(self, sentences: int) -> tuple[CensusPart, BatchPatterns | None]:
-        """What the forward since the last call left, as one mergeable part, and (with
-        ``keep_main``) the padded weights of its first self-attention stack; the part is then
+    def take(self, sentences: int) -> tuple[CensusSums, BatchPatterns | None]:
+        """What the forward since the last call left, as mergeable sums, and (with
+        ``keep_main``) the padded weights of its first self-attention stack; the tap is then
         ready for the next forward."""
         now, self.now = self.now, Forward()
-        part = CensusPart(tally=now.tally, sentences=sentences)
+        sums = CensusSums(tally=now.tally, sentences=sentences)
         main = None
         for (stack, kind, _), by_site in now.blocks.items():
             sites = sorted(by_site, key=lambda s: s.layer)
@@ -141,19 +137,17 @@ class CensusTap(Part):
             heads = now.heads[sites[0]]
             groups = stack_heads(blocks)
             for members, block in groups:
-                sums: dict[str, Sums] = {}
-                for reducer in self.reducers:
-                    sums.update(reducer(block))
                 layers = tuple(sites[i].layer for i in members)
                 stacked = StackedSums(stack, kind, layers, heads,
-                                      float(block.query_valid.sum()), sums)
+                                      float(block.query_valid.sum()),
+                                      reduce_block(self.reducers, block))
                 key = (stack, kind, layers)
-                part.stacked[key] = part.stacked[key] + stacked if key in part.stacked \
+                sums.stacked[key] = sums.stacked[key] + stacked if key in sums.stacked \
                     else stacked
             if self.keep_main and kind == "self" and main is None:
                 main = _padded(sites, blocks, heads, groups)
-        part.distances = _distances(now)
-        return part, main
+        sums.distances = _distances(now)
+        return sums, main
 
 
 def _padded(sites: list[Site], blocks: list[RowBlock], heads: tuple[int, ...],

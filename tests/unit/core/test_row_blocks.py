@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from attnprobe.core.reducers import RowBlock, Tally
+from attnprobe.core.reducers import Tally
 from attnprobe.core.row_blocks import (
     KeyRule,
+    RowBlock,
     SeenPairs,
     TokenView,
     key_rule,

@@ -1,5 +1,6 @@
 """What the census sums per batch, mergeable: per-head statistics of every layer, syntax
-counts and head distances. Parts of batches (and of processes) add exactly, in batch order."""
+counts and head distances. The sums of batches (and of processes) add exactly, in batch
+order."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from attnprobe.errors import InputError
 from attnprobe.heads.dependencies import SyntaxCounts
 from attnprobe.heads.similarity import HeadDistances
 
-__all__ = ["CensusPart", "StackedSums"]
+__all__ = ["CensusSums", "StackedSums"]
 
 
 @dataclass
@@ -61,8 +62,8 @@ class StackedSums:
 
 
 @dataclass
-class CensusPart:
-    """What one batch contributed; parts add exactly."""
+class CensusSums:
+    """What one batch contributed (or, added, a corpus); sums add exactly."""
 
     tally: Tally = field(default_factory=Tally)
     stacked: dict[tuple[str, str, tuple[int, ...]], StackedSums] = field(
@@ -71,14 +72,14 @@ class CensusPart:
     distances: HeadDistances | None = None
     sentences: int = 0
 
-    def __add__(self, other: CensusPart) -> CensusPart:
+    def __add__(self, other: CensusSums) -> CensusSums:
         def plus(a: Any, b: Any) -> Any:
             return b if a is None else a if b is None else a + b
 
         stacked = dict(self.stacked)
         for key, value in other.stacked.items():
             stacked[key] = plus(stacked.get(key), value)
-        return CensusPart(self.tally + other.tally, stacked, plus(self.syntax, other.syntax),
+        return CensusSums(self.tally + other.tally, stacked, plus(self.syntax, other.syntax),
                           plus(self.distances, other.distances),
                           self.sentences + other.sentences)
 
@@ -93,7 +94,7 @@ class CensusPart:
 
     def __repr__(self) -> str:
         heads, layers, rows = self.shape()
-        return describe("CensusPart", counted(self.sentences, "sentence"), counted(rows, "row"),
+        return describe("CensusSums", counted(self.sentences, "sentence"), counted(rows, "row"),
                         f"{counted(heads, 'head')} in {counted(layers, 'layer')}",
                         "syntax" if self.syntax is not None else None,
                         "head distances" if self.distances is not None else None)
