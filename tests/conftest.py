@@ -24,6 +24,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 _TRACKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker gets its share of the cores: torch's default (every
+    core per process) would run workers x cores threads, each waiting for the others."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // workers))
+
+
 def track(model: nn.Module) -> nn.Module:
     """Register a model so the autouse guard asserts it carries no hook after every test."""
     _TRACKED.add(model)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ pytest.importorskip("ipykernel", reason="the tour test needs ipykernel (dev extr
 ROOT = Path(__file__).resolve().parents[2]
 TOUR = ROOT / "analyses" / "tour.ipynb"
 KERNEL = "attnprobe-tour-test"
-BUDGET_S = 60  # on 2 CPU cores (issue 13); generous here, the machine may be shared
 
 
 def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
@@ -49,12 +47,10 @@ def executed(tmp_path_factory: pytest.TempPathFactory):
     try:
         client = nbclient.NotebookClient(notebook, kernel_name=name, timeout=300,
                                          resources={"metadata": {"path": str(TOUR.parent)}})
-        start = time.perf_counter()
         client.execute()
-        seconds = time.perf_counter() - start
     finally:
         mp.undo()
-    return notebook, seconds
+    return notebook
 
 
 def outputs(notebook, kind: str | None = None):
@@ -73,16 +69,15 @@ def text_of(out) -> str:
 
 
 def test_tour_runs_without_errors(executed):
-    notebook, seconds = executed
+    notebook = executed
     errors = [f"{o.ename}: {o.evalue}" for _, o in outputs(notebook, "error")]
     assert errors == []
     stderr = "".join(o.text for _, o in outputs(notebook, "stream") if o.name == "stderr")
     assert "Traceback" not in stderr and "Error" not in stderr, stderr[-2000:]
-    assert seconds < 3 * BUDGET_S, f"the tour took {seconds:.0f} s"
 
 
 def test_tour_shows_the_results(executed):
-    notebook, _ = executed
+    notebook = executed
     table = next(c for c in notebook.cells if "census-table" in c.metadata.get("tags", []))
     shown = text_of(next(o for o in table.outputs if o.output_type == "execute_result"))
     assert re.search(r"\[72 rows x 4 columns\]", shown), shown[-300:]
