@@ -34,9 +34,9 @@ from harness.runs import analysis_main
 import attnprobe
 from attnprobe.attribution.methods import attribute, embedding_layer
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.capture.text import encode
 from attnprobe.core.lines import split_lines
 from attnprobe.core.optional import require
+from attnprobe.inputs.text import encode
 
 DATA = Path(__file__).resolve().parent / "data"
 

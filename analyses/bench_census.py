@@ -71,12 +71,12 @@ from harness.benchmarking import (
 from harness.runs import analysis_main, memory_status_kib, reset_peak_rss
 
 import attnprobe
-from attnprobe.capture.text import model_inputs, pad_ids
 from attnprobe.core.lines import split_lines
 from attnprobe.heads import census, parse
 from attnprobe.heads.census_batches import plan_batches
 from attnprobe.heads.scores import census_reducers, wide_scores
 from attnprobe.heads.trees import default_pipeline
+from attnprobe.inputs.text import model_inputs, pad_ids
 
 DATA = Path(__file__).resolve().parent / "data"
 CHILD_FLAG = "--_memory-child"  # hidden: one memory measurement in a fresh process, prints JSON

@@ -114,7 +114,7 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
         "top_value": float(labels[score].max())} for score in REP_SCORES if score in labels])
 
     syntax = result.syntax(cfg.min_count)
-    top = _top_heads(result.part.syntax.head_table(cfg.min_count), syntax, cfg.top_k)
+    top = _top_heads(result.sums.syntax.head_table(cfg.min_count), syntax, cfg.top_k)
     key = syntax[syntax["relation"].isin(KEY_RELATIONS)].reset_index(drop=True)
     clusters = result.clusters(n_clusters=cfg.n_clusters).merge(
         labels[["layer", "head", "label"]], on=["layer", "head"], how="left")

@@ -212,7 +212,7 @@ class Subject:
 
 def inputs_of(subject: Subject, texts: list[str]) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids`` / ``attention_mask`` (the encoding every library call uses)."""
-    from attnprobe.capture.text import encode
+    from attnprobe.inputs.text import encode
 
     batch = encode(subject.model, subject.tok, texts)
     return {k: batch[k] for k in ("input_ids", "attention_mask")}

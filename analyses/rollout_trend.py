@@ -76,9 +76,9 @@ from harness.runs import analysis_main
 import attnprobe
 from attnprobe.attribution.comparison import compare
 from attnprobe.attribution.targets import parse_target
-from attnprobe.capture.text import encode
 from attnprobe.core.lines import split_lines
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import encode
 
 DATA = Path(__file__).resolve().parent / "data"
 # view label -> (attention view, query row)

@@ -11,10 +11,10 @@ from typing import Any
 from torch import nn
 
 from attnprobe.capture.info import causal_of
-from attnprobe.capture.token_ids import input_vocab_size
 from attnprobe.core.optional import require
 from attnprobe.core.tokens import special_template
 from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
+from attnprobe.inputs.token_ids import input_vocab_size
 
 DEFAULT_MODEL = "minilm"
 REF_PREFIX = "ref:"

@@ -26,6 +26,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from attnprobe.attribution.attribution_options import AttributionOptions
+from attnprobe.attribution.comparison_options import COMPARISON_FIELDS, ComparisonOptions
 from attnprobe.attribution.comparison_result import (
     AGREEMENT_COLUMNS,
     STEP_COLUMNS,
@@ -33,7 +35,7 @@ from attnprobe.attribution.comparison_result import (
     Comparison,
     split_source,
 )
-from attnprobe.attribution.methods import attribute, attribute_inputs
+from attnprobe.attribution.methods import attribute_inputs
 from attnprobe.attribution.metrics import agreement, truth_scores
 from attnprobe.attribution.targets import parse_target
 from attnprobe.attribution.view_base import View, ViewInput
@@ -41,21 +43,15 @@ from attnprobe.attribution.view_common import check_query, prefix_map
 from attnprobe.attribution.views import build_views, run_views
 from attnprobe.capture.generation import check_generation, generate_maps, generation_corpus
 from attnprobe.capture.info import model_scope
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Text,
-    TokenIds,
-    Truncation,
-    encode,
-    prepare_corpus,
-    truncation_mode,
-)
 from attnprobe.core.checks import check_positive_ints
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import rank_and_world, run_sharded
 from attnprobe.core.progress import StepBar
-from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.scope import Scope
 from attnprobe.core.tokens import special_tokens
 from attnprobe.errors import InputError
+from attnprobe.inputs.prepared import PreparedCorpus, prepare
+from attnprobe.inputs.text import Text
 from attnprobe.types import TokenAttribution
 
 __all__ = ["AGREEMENT_COLUMNS", "DEFAULT_METHODS", "DEFAULT_VIEWS", "STEP_COLUMNS",
@@ -112,7 +108,9 @@ class _Job:
     query: str | int
     top_k: int | None
     special: frozenset[str]
-    options: dict[str, Any]
+    corpus: CorpusOptions  # what each attribution is given (one text, this process)
+    options: AttributionOptions
+    prepared: PreparedCorpus
     generate: int = 0  # tokens to generate and explain (0: explain the texts as they are)
     sample: bool = False
 
@@ -157,29 +155,24 @@ def _one_text(job: _Job, bar: StepBar, item: tuple[str, Text, Any]
               ) -> tuple[list, list, list, list]:
     """Agreement rows, truth rows and every importance vector of one text or token ids (and
     no map); ``bar`` advances per method and once for the attention views."""
-    example, text, truth = item
+    example, _, truth = item
 
     def on_method(_: str, name: str) -> None:  # the bar names the running method
         bar.begin(f"text {example}: {name}")
 
-    given = None
-    if isinstance(text, TokenIds):  # ids are encoded once, as given, for methods and views
-        given = encode(job.model, job.tokenizer, [text], truncation=job.options["truncation"],
-                       max_length=job.options["max_length"])
-        options = {k: v for k, v in job.options.items() if k not in ("truncation", "max_length")}
-        found = attribute_inputs(job.model, job.tokenizer, [given], job.target, job.methods,
-                                 example_ids=[example], on_method=on_method, **options)
-        text = ""
-    else:
-        found = attribute(job.model, job.tokenizer, [text], job.target, job.methods,
-                          on_method=on_method, **job.options)
+    # the text is encoded once, from the prepared rows, for the methods and the views
+    given = job.prepared.inputs([int(example)], truncation=job.corpus.truncation,
+                                max_length=job.corpus.max_length)
+    found = attribute_inputs(job.model, job.tokenizer, [given], job.target, job.methods,
+                             example_ids=[example], on_method=on_method, options=job.options,
+                             corpus=job.corpus)
     found = _magnitudes(found, example)
     fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
     if job.views:
         bar.begin(f"text {example}: attention views")
     seen = run_views(job.views, ViewInput(
-        text, job.scope, job.query, fixed, example, job.model, job.tokenizer,
-        job.options["truncation"], job.options["max_length"], inputs=given)) if job.views else []
+        "", job.scope, job.query, fixed, example, job.model, job.tokenizer,
+        job.corpus.truncation, job.corpus.max_length, inputs=given)) if job.views else []
     agreement_rows, truth_rows = _agreement(job, example, found, seen, truth)
     return agreement_rows, truth_rows, [*found, *seen], []
 
@@ -192,14 +185,11 @@ def _one_generation(job: _Job, bar: StepBar, item: tuple[str, str, Any]
     advances for the generation, then per generated token and method (and views)."""
     example, text, _ = item
     bar.begin(f"text {example}: generating")
-    options = job.options
     gen = generate_maps(job.model, job.tokenizer, [text], job.generate, sample=job.sample,
-                        seed=options["seed"], truncation=options["truncation"],
-                        max_length=options["max_length"], distributed=False)[0]
+                        corpus=job.corpus)[0]
     amap = replace(gen.amap, example_id=example)
     rows: list[tuple] = []
     vectors: list[TokenAttribution] = []
-    methods = {k: v for k, v in options.items() if k not in ("truncation", "max_length")}
     for step in range(1, job.generate + 1):
         position = gen.prompt_length + step - 1  # of the generated token in the sequence
         token_id = int(gen.ids[position])
@@ -210,7 +200,8 @@ def _one_generation(job: _Job, bar: StepBar, item: tuple[str, str, Any]
         found = _magnitudes(attribute_inputs(
             job.model, job.tokenizer, [context], target, job.methods, example_ids=[name],
             on_method=lambda _, method, step=step: bar.begin(
-                f"text {example} token {step}: {method}"), **methods), name)
+                f"text {example} token {step}: {method}"), options=job.options,
+            corpus=job.corpus), name)
         if job.views:
             bar.begin(f"text {example} token {step}: attention views")
         seen = run_views(job.views, ViewInput(
@@ -223,15 +214,12 @@ def _one_generation(job: _Job, bar: StepBar, item: tuple[str, str, Any]
     return rows, [], vectors, [amap]
 
 
-def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target: Any, *,
-            scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
-            truncation: Truncation = "error", seed: int = 0, progress: bool = False,
+def compare(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, target: Any, *,
             methods: Sequence[str] = DEFAULT_METHODS,
             views: Sequence[str | View] | str | View | None = DEFAULT_VIEWS,
-            query: str | int = "auto", truth: Sequence[Sequence[bool]] | None = None,
-            top_k: int | None = None, drop_special: bool = True, n_steps: int = 50,
-            max_length: int | None = None, distributed: bool | None = None,
-            generate: int | None = None, sample: bool = False) -> Comparison:
+            truth: Sequence[Sequence[bool]] | None = None,
+            options: ComparisonOptions | None = None, corpus: CorpusOptions | None = None,
+            **keywords: Any) -> Comparison:
     """Compare attention-derived importance with attribution methods, text by text.
 
     Args:
@@ -239,40 +227,34 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         target: what is explained — a spec such as ``"class:1"``, ``"next-token"``,
             ``"similarity:A cat sits."`` (see :mod:`attnprobe.attribution.targets`), or a
             callable ``(output, inputs) -> Tensor[batch]``.
-        scope: the layers whose attention views are reported (and the heads ``raw`` and
-            ``norm`` average); rollout, flow and attention × gradient always run through
-            every head of every layer, as they are defined.
-        batch_size: perturbed copies per forward (leave-one-out, occlusion).
-        truncation: ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the model
-            allows (or than ``max_length``); skipped texts are listed in
-            :attr:`Comparison.skipped`, cut ones are cut alike for every view and method.
-        seed: seeds the random methods (GradientSHAP).
-        progress: a progress bar over the steps: each attribution method on each text,
-            then the text's attention views; it names the running one.
         methods: attribution methods (:data:`attnprobe.attribution.methods.METHODS`).
         views: attention views (names in :data:`attnprobe.attribution.views.VIEWS` or
             :class:`~attnprobe.attribution.view_base.View` objects; ``None``: every registered
             view; empty: compare the methods with each other only). The default,
             :data:`DEFAULT_VIEWS`, leaves out a view the model cannot serve (``norm`` on a
             model type it cannot slice); a view named by the caller is checked.
-        query: which row the views read: ``"auto"`` (the last real token of a causal model,
-            the first token of any other), ``"cls"``, ``"last"``, ``"mean"``, ``"max"``, or
-            an int row (:mod:`attnprobe.attribution.views`).
         truth: per text, which tokens decide the output (over all tokens, or over the
             non-special ones); adds precision@k, mass and AUROC per source.
-        top_k: top-k size for the overlap metric (default 20 % of the compared tokens; at
-            most the number of compared tokens).
-        drop_special: leave special tokens ([CLS], [SEP], BOS ...) out of every metric
-            (``[UNK]`` stays in: it stands for a word of the text).
-        n_steps: Integrated Gradients path points.
-        max_length: a tighter cap on tokens per text than the model's own.
-        distributed: split the texts over the ranks of an initialised ``torch.distributed``
-            group and gather the tables on every rank (default: when a group is initialised).
-        generate: continue each text by this many tokens (a causal language model; target
-            ``"next-token"``) and explain every generated token (module docstring); the
-            table then has ``STEP_COLUMNS``.
-        sample: with ``generate``, sample the tokens (seeded by ``seed``) instead of taking
-            the most likely one.
+        options: the comparison's own options (:class:`~attnprobe.attribution.
+            comparison_options.ComparisonOptions`): ``query``, the row the views read;
+            ``top_k``; ``drop_special``; ``n_steps``; ``generate``, continue each text by
+            this many tokens (a causal language model; target ``"next-token"``) and explain
+            every generated token (module docstring; the table then has ``STEP_COLUMNS``);
+            ``sample``.
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name) and the comparison options by name
+            (``query="last"``, ``n_steps=16`` ...): ``scope``, the layers whose attention
+            views are reported (and the heads ``raw`` and ``norm`` average; rollout, flow
+            and attention × gradient always run through every head of every layer, as they
+            are defined); ``batch_size``, perturbed copies per forward (leave-one-out,
+            occlusion); ``truncation``, ``"error"``, ``"cut"`` or ``"skip"`` for texts longer
+            than the model allows (or than ``max_length``; skipped texts are listed in
+            :attr:`Comparison.skipped`, cut ones are cut alike for every view and method);
+            ``seed``, the random methods (GradientSHAP) and ``sample``; ``progress``, a bar
+            over the steps (each attribution method on each text, then the text's attention
+            views; it names the running one); ``distributed``, split the texts over the
+            ranks of an initialised ``torch.distributed`` group and gather the tables on
+            every rank (default: when a group is initialised).
 
     Attribution scores are compared by magnitude (``|score|``, as Jain & Wallace and Abnar &
     Zuidema do); :attr:`Comparison.attributions` holds those magnitudes. For signed scores
@@ -292,16 +274,20 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
         (['raw@L0', 'raw@L1'], ['jsd', 'kendall_tau', 'spearman', 'topk_overlap'])
         >>> c.summary()
     """
-    check_positive_ints("compare", batch_size=batch_size, n_steps=n_steps, top_k=top_k)
+    given, own = CorpusOptions.split(keywords)
+    walk = CorpusOptions.merged(corpus, given, own=COMPARISON_FIELDS, owner="compare()")
+    opts = (options or ComparisonOptions()).with_keywords(own)
+    generate, query = opts.generate, opts.query
+    check_positive_ints("compare", n_steps=opts.n_steps, top_k=opts.top_k)
     check_query(query)
+    prepared = prepare(model, tokenizer, texts)
     if generate is not None:
         check_generation_target(model, target, truth, generate)
-        corpus, _ = generation_corpus(model, tokenizer, texts, generate, truncation=truncation,
-                                      max_length=max_length)
+        found, _ = generation_corpus(model, tokenizer, prepared, generate,
+                                     truncation=walk.truncation, max_length=walk.max_length)
     else:
-        corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                                max_length=max_length)
-    n_texts = len(corpus.ids) + len(corpus.skipped)
+        found = prepared.corpus(truncation=walk.truncation, max_length=walk.max_length)
+    n_texts = len(found.ids) + len(found.skipped)
     if truth is not None and len(truth) != n_texts:
         raise InputError(f"truth has {len(truth)} entries for {n_texts} texts")
     if isinstance(methods, str):
@@ -312,25 +298,25 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     defaults = not isinstance(views, (str, View)) and views is not None \
         and tuple(views) == DEFAULT_VIEWS  # the defaults adapt to the model; a choice does not
     built = [] if empty else build_views(views, model=model, only_readable=defaults)
-    mode = truncation_mode(truncation)
+    # the corpus already left the long texts out: a text left is cut or fits
+    each = walk.replace(batch_size=walk.batch(), progress=False, distributed=False,
+                        truncation="cut" if walk.truncation_mode == "cut" else "error")
     job = _Job(model, tokenizer, parse_target(target, model, tokenizer), tuple(methods),
-               tuple(built), model_scope(model, scope), query, top_k,
-               frozenset(special_tokens(tokenizer)) if drop_special else frozenset(),
-               # the corpus already left the long texts out: a text left is cut or fits
-               {"n_steps": n_steps, "batch_size": batch_size, "seed": seed,
-                "truncation": "cut" if mode == "cut" else "error", "max_length": max_length},
-               generate=generate or 0, sample=bool(sample))
+               tuple(built), model_scope(model, walk.scope), query, opts.top_k,
+               frozenset(special_tokens(tokenizer)) if opts.drop_special else frozenset(),
+               each, AttributionOptions(n_steps=opts.n_steps), prepared,
+               generate=generate or 0, sample=bool(opts.sample))
     items = [(example, text, None if truth is None else truth[int(example)])
-             for example, text in zip(corpus.ids, corpus.texts, strict=True)]
+             for example, text in zip(found.ids, found.texts, strict=True)]
     one = _one_generation if generate else _one_text
     # the bar counts steps, not texts: each method on each text (and the views), so that it
     # moves during Integrated Gradients, which takes most of the time
-    rank, world = rank_and_world(distributed)
+    rank, world = rank_and_world(walk.distributed)
     steps = len(methods) + (1 if built else 0)
     per_text = 1 + job.generate * steps if generate else steps
-    with StepBar(enabled=progress, desc="compare", total=len(items[rank::world]) * per_text,
+    with StepBar(enabled=walk.progress, desc="compare", total=len(items[rank::world]) * per_text,
                  rank=rank) as bar:
-        parts = run_sharded(partial(one, job, bar), items, distributed=distributed)
+        parts = run_sharded(partial(one, job, bar), items, distributed=walk.distributed)
     columns = STEP_COLUMNS if generate else AGREEMENT_COLUMNS
     table = pd.DataFrame([r for part in parts for r in part[0]], columns=list(columns))
     truth_table = pd.DataFrame([r for part in parts for r in part[1]],
@@ -338,7 +324,7 @@ def compare(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str, target
     for frame in (table, truth_table):  # model layer index; <NA> for methods and attn_x_grad
         frame["layer"] = frame["layer"].astype("Int64")
     return Comparison(table, truth_table, [a for part in parts for a in part[2]],
-                      skipped=corpus.skipped, maps=[m for part in parts for m in part[3]])
+                      skipped=found.skipped, maps=[m for part in parts for m in part[3]])
 
 
 def check_generation_target(model: nn.Module, target: Any, truth: Any, generate: int) -> None:

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.attribution.attribution_options import ATTRIBUTION_FIELDS, AttributionOptions
 from attnprobe.attribution.baseline import baseline_token
 from attnprobe.attribution.gradient_methods import (
     PASS_TOKENS,
@@ -62,13 +63,15 @@ from attnprobe.attribution.gradient_methods import (
 from attnprobe.attribution.method_base import METHODS, Explanation, Method, Problem
 from attnprobe.attribution.perturbation_methods import LeaveOneOut, Occlusion
 from attnprobe.attribution.targets import Target, parse_target
-from attnprobe.capture.text import Truncation, check_inputs, encode
-from attnprobe.capture.token_ids import input_embeddings, input_vocab_size
 from attnprobe.core.checks import check_positive_ints
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
 from attnprobe.core.tokens import special_ids
 from attnprobe.errors import InputError
+from attnprobe.inputs.prepared import prepare
+from attnprobe.inputs.text import Text
+from attnprobe.inputs.token_ids import input_embeddings, input_vocab_size
 from attnprobe.types import TokenAttribution
 
 __all__ = [
@@ -92,6 +95,7 @@ __all__ = [
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "gradient_shap",
                    "leave_one_out")
 DEFAULT_BUDGET = 1_000_000
+BATCH_SIZE = 8  # perturbed copies per forward, unless the corpus options say otherwise
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -145,14 +149,12 @@ def _check_ready(model: nn.Module) -> None:
                          f"{type(model).__name__} is an encoder-decoder model")
 
 
-def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
+def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str,
               target: str | Target | Callable[..., torch.Tensor],
-              methods: Sequence[str | Method] = DEFAULT_METHODS, *, n_steps: int = 50,
-              internal_batch_size: int | None = None, batch_size: int = 8,
-              max_length: int | None = None, truncation: Truncation = "error", seed: int = 0,
-              embedding: nn.Module | str | None = None, budget: int = DEFAULT_BUDGET,
-              progress: bool = False,
-              on_method: Callable[[str, str], None] | None = None) -> list[TokenAttribution]:
+              methods: Sequence[str | Method] = DEFAULT_METHODS, *,
+              options: AttributionOptions | None = None,
+              on_method: Callable[[str, str], None] | None = None,
+              corpus: CorpusOptions | None = None, **keywords: Any) -> list[TokenAttribution]:
     """Score every token of every text for ``target`` with each method.
 
     Args:
@@ -163,18 +165,24 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
             unperturbed forward; the result's ``target`` names the chosen token.
         methods: names in :data:`METHODS` or method objects (e.g.
             ``IntegratedGradients(n_steps=300)``).
-        n_steps, internal_batch_size: Integrated Gradients path points, and points per
-            forward (None: up to :data:`PASS_TOKENS` tokens per forward).
-        batch_size: perturbed copies per forward (leave-one-out, occlusion).
-        max_length, truncation: as in :func:`attnprobe.extract` (``"error"`` or ``"cut"``;
-            one text at a time, so ``"skip"`` acts like ``"error"``).
-        seed: seeds the random methods (gradient_shap); the same for every text.
-        embedding: the input embedding layer (module or path) when the default pick is wrong.
-        budget: the most token-forwards one method may spend on one text (tokens × forward
-            rows: Integrated Gradients ``(n_steps + 2) × n``, gradient_shap
-            ``(n_samples + 2) × n``, leave-one-out ``n × (n − 1)``, occlusion ``n²``); a text
-            over it is an error naming what to lower.
-        progress: show a progress bar over the texts.
+        options: the attribution's own options (:class:`~attnprobe.attribution.
+            attribution_options.AttributionOptions`: ``n_steps`` and
+            ``internal_batch_size``, Integrated Gradients path points and points per forward
+            — None: up to :data:`PASS_TOKENS` tokens per forward; ``embedding``, the input
+            embedding layer, module or path, when the default pick is wrong).
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name) and the attribution options by name
+            (``n_steps=16``): ``batch_size``, perturbed copies per forward (leave-one-out,
+            occlusion; default 8); ``max_length``, ``truncation`` as in
+            :func:`attnprobe.extract` (``"error"`` or ``"cut"``; one text at a time, so
+            ``"skip"`` acts like ``"error"``); ``seed``, the random methods (gradient_shap),
+            the same for every text; ``budget``, the most token-forwards one method may
+            spend on one text (tokens × forward rows: Integrated Gradients
+            ``(n_steps + 2) × n``, gradient_shap ``(n_samples + 2) × n``, leave-one-out
+            ``n × (n − 1)``, occlusion ``n²``; default :data:`DEFAULT_BUDGET`), a text over
+            it is an error naming what to lower; ``progress``, a progress bar over the
+            texts. ``scope`` and ``distributed`` do not apply (every token is scored, in
+            this process).
         on_method: called as ``on_method(example_id, method_name)`` just before each method
             runs on each text (e.g. to drive a progress bar of its own).
 
@@ -198,28 +206,25 @@ def attribute(model: nn.Module, tokenizer: Any, texts: Sequence[str] | str,
         [('integrated_gradients', 6), ('leave_one_out', 6)]
         >>> out[0].to_frame()
     """
-    texts = check_inputs(texts)  # strings or token ids
+    walk, opts = _options(corpus, options, keywords, "attribute()")
     # everything that can be refused is refused before the texts are encoded
-    built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
-                     batch_size=batch_size, seed=seed, budget=budget)
+    built = _methods(model, methods, walk, opts)
     target = parse_target(target, model, tokenizer)
-    encoded = [encode(model, tokenizer, [text], max_length=max_length, truncation=truncation)
-               for text in texts]
-    return attribute_inputs(model, tokenizer, encoded, target, built, n_steps=n_steps,
-                            internal_batch_size=internal_batch_size, batch_size=batch_size,
-                            seed=seed, embedding=embedding, budget=budget, progress=progress,
-                            on_method=on_method)
+    prepared = prepare(model, tokenizer, texts)  # strings or token ids, tokenized once
+    encoded = [prepared.inputs([i], max_length=walk.max_length, truncation=walk.truncation)
+               for i in range(len(prepared))]
+    return attribute_inputs(model, tokenizer, encoded, target, built, options=opts,
+                            on_method=on_method, corpus=walk)
 
 
 def attribute_inputs(model: nn.Module, tokenizer: Any,
                      inputs: Sequence[Mapping[str, torch.Tensor]],
                      target: str | Target | Callable[..., torch.Tensor],
                      methods: Sequence[str | Method] = DEFAULT_METHODS, *,
-                     example_ids: Sequence[str] | None = None, n_steps: int = 50,
-                     internal_batch_size: int | None = None, batch_size: int = 8,
-                     seed: int = 0, embedding: nn.Module | str | None = None,
-                     budget: int = DEFAULT_BUDGET, progress: bool = False,
-                     on_method: Callable[[str, str], None] | None = None
+                     example_ids: Sequence[str] | None = None,
+                     options: AttributionOptions | None = None,
+                     on_method: Callable[[str, str], None] | None = None,
+                     corpus: CorpusOptions | None = None, **keywords: Any
                      ) -> list[TokenAttribution]:
     """:func:`attribute` on inputs that are already encoded, one example each; the arguments
     not listed here are :func:`attribute`'s.
@@ -238,10 +243,11 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
         >>> float(found[1].scores[0])                   # [BOS] is special: never deleted
         0.0
     """
-    built = _methods(model, methods, n_steps=n_steps, internal_batch_size=internal_batch_size,
-                     batch_size=batch_size, seed=seed, budget=budget)
+    walk, opts = _options(corpus, options, keywords, "attribute_inputs()")
+    built = _methods(model, methods, walk, opts)
+    budget, batch_size, seed = walk.budget or DEFAULT_BUDGET, walk.batch(BATCH_SIZE), walk.seed
     target = parse_target(target, model, tokenizer)
-    layer = embedding_layer(model, embedding)
+    layer = embedding_layer(model, opts.embedding)
     specials = special_ids(tokenizer)
     baseline = baseline_token(tokenizer, input_vocab_size(model))
     unk_id = _token_id(tokenizer, "unk_token_id")
@@ -265,7 +271,7 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
                     "truncation='cut') or raise budget")
 
     indices: Sequence[int] | Any = range(len(encoded))
-    if progress:
+    if walk.progress:
         indices = require("tqdm").tqdm(indices, desc="attribute", unit="text")
     results: list[TokenAttribution] = []
     with torch.enable_grad():
@@ -292,21 +298,29 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
     return results
 
 
-def _methods(model: nn.Module, methods: Sequence[str | Method] | str, *, n_steps: int,
-             internal_batch_size: int | None, batch_size: int, seed: int,
-             budget: int) -> list[Method]:
+def _options(corpus: CorpusOptions | None, options: AttributionOptions | None,
+             keywords: Mapping[str, Any], owner: str
+             ) -> tuple[CorpusOptions, AttributionOptions]:
+    """The corpus options and the attribution's own, each with its keywords folded in."""
+    given, own = CorpusOptions.split(keywords)
+    walk = CorpusOptions.merged(corpus, given, own=ATTRIBUTION_FIELDS, owner=owner)
+    return walk, (options or AttributionOptions()).with_keywords(own, owner)
+
+
+def _methods(model: nn.Module, methods: Sequence[str | Method] | str, walk: CorpusOptions,
+             opts: AttributionOptions) -> list[Method]:
     """The method objects, after the checks every attribution makes before any forward."""
     _check_ready(model)
-    check_positive_ints("attribute", n_steps=n_steps, internal_batch_size=internal_batch_size,
-                        batch_size=batch_size, budget=budget)
+    check_positive_ints("attribute", n_steps=opts.n_steps,
+                        internal_batch_size=opts.internal_batch_size)
     if isinstance(methods, str):
         methods = [methods]
     if not methods:
         raise InputError("give at least one attribution method; choose from "
                          + ", ".join(METHODS.names()))
-    options = {"n_steps": n_steps, "internal_batch_size": internal_batch_size,
-               "batch_size": batch_size, "seed": seed}
-    return [_build(m, options) for m in methods]
+    built = {"n_steps": opts.n_steps, "internal_batch_size": opts.internal_batch_size,
+             "batch_size": walk.batch(BATCH_SIZE), "seed": walk.seed}
+    return [_build(m, built) for m in methods]
 
 
 def _one_input(batch: Mapping[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:

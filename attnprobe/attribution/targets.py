@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.text import encode, model_inputs
 from attnprobe.core.metric_tokens import resolve_token
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import encode, model_inputs
 
 __all__ = ["TARGET_KINDS", "Target", "TargetFn", "parse_target"]
 

@@ -12,8 +12,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from attnprobe.capture.text import check_texts
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import check_texts
 from attnprobe.types import AttentionMap
 
 Query = Literal["auto", "cls", "first", "last", "mean", "max"] | int

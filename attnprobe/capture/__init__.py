@@ -8,7 +8,7 @@ text -> batch path every corpus analysis shares.
   map over prompt + generated tokens each (:mod:`attnprobe.capture.generation`); a capture
   around ``model.generate`` folds the KV-cache steps the same way
   (:mod:`attnprobe.capture.steps`);
-- :mod:`attnprobe.capture.text` — texts to padded batches (pairs, truncation, devices).
+- :mod:`attnprobe.inputs.text` — texts to padded batches (pairs, truncation, devices).
 """
 
 from attnprobe.capture.calls import BatchPatterns

@@ -1,8 +1,9 @@
 """Texts (strings or token ids) in, attention out: :func:`extract` (maps) and
 :func:`head_stats` (streaming sums).
 
-Both take the signature every corpus analysis shares, ``(model, tokenizer, texts, *, scope,
-batch_size, truncation, seed, progress)``, and split their batches over the ranks of a
+Both take the signature every corpus analysis shares, ``(model, tokenizer, texts, *,
+corpus=CorpusOptions(...))`` (or the corpus options by name: ``scope``, ``batch_size``,
+``truncation`` ...), and split their batches over the ranks of a
 ``torch.distributed`` process group when one is initialised.
 """
 
@@ -18,46 +19,40 @@ from attnprobe.capture.context import capture
 from attnprobe.capture.generation import generate_maps
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.parts import Reduce
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Text,
-    Truncation,
-    batch_spans,
-    encode,
-    model_inputs,
-    prepare_corpus,
-)
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.reducers import Reducer, Tally, default_reducers
-from attnprobe.core.scope import ScopeLike
+from attnprobe.inputs.prepared import prepare
+from attnprobe.inputs.text import Text, batch_spans, model_inputs
 from attnprobe.types import AttentionMap
 
 __all__ = ["extract", "head_stats"]
 
 
 def extract(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
-            scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
-            truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-            max_length: int | None = None, distributed: bool | None = None,
-            generate: int | None = None, sample: bool = False) -> list[AttentionMap]:
+            generate: int | None = None, sample: bool = False,
+            corpus: CorpusOptions | None = None, **keywords: Any) -> list[AttentionMap]:
     """Attention maps of each text, padding stripped.
 
     Args:
         texts: the inputs: strings (a text with a tab is a sentence pair) or token ids —
             id sequences, a 2-D id tensor, a tokenizer output with ``attention_mask``
-            (:mod:`attnprobe.capture.token_ids`); ids go to the model as given. Any
-            tokenizer works as it ships (no pad token, either padding side).
-        scope: which heads to keep (``"all"``, ``"layer:3"``, ``"heads:0.2,1.8"`` ...; see
-            :mod:`attnprobe.core.scope`). A scope that is not a layers × heads grid keeps the
-            smallest grid holding it (a map is one ``[layer, head, ...]`` array).
-        batch_size: texts per forward.
-        truncation: ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the model
-            allows (:mod:`attnprobe.capture.text`).
-        seed: part of the shared signature; extraction draws nothing at random.
-        progress: a progress bar over batches.
-        max_length: a tighter cap on tokens per text than the model's own.
-        distributed: split the batches over the ranks of an initialised ``torch.distributed``
-            group and gather every map on every rank (default: when a group is initialised).
+            (:mod:`attnprobe.inputs.token_ids`); ids go to the model as given. Any
+            tokenizer works as it ships (no pad token, either padding side). A
+            :class:`~attnprobe.inputs.prepared.PreparedCorpus` is read as prepared (its
+            token rows and length limit are not computed again).
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name): ``scope``, which heads to keep
+            (``"all"``, ``"layer:3"``, ``"heads:0.2,1.8"`` ...; :mod:`attnprobe.core.scope`;
+            a scope that is not a layers × heads grid keeps the smallest grid holding it, a
+            map is one ``[layer, head, ...]`` array); ``batch_size``, texts per forward;
+            ``truncation``, ``"error"``, ``"cut"`` or ``"skip"`` for texts longer than the
+            model allows (:mod:`attnprobe.inputs.text`); ``max_length``, a tighter cap on
+            tokens per text than the model's own; ``progress``, a progress bar over
+            batches; ``distributed``, split the batches over the ranks of an initialised
+            ``torch.distributed`` group and gather every map on every rank (default: when a
+            group is initialised); ``seed``, for ``sample`` (extraction draws nothing at
+            random otherwise).
         generate: continue each text (the prompt) by this many tokens with a causal
             language model and return one map per text over prompt + generated tokens, equal
             to one forward over the whole sequence (``prompt_length`` marks where generation
@@ -77,39 +72,36 @@ def extract(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
         >>> model, tok = ap.load_model("minilm")
         >>> maps = ap.extract(model, tok, ["The cat sat on the mat."], scope="layer:0")
     """
+    walk = CorpusOptions.merged(corpus, keywords, owner="extract()")
     if generate is not None:
-        found = generate_maps(model, tokenizer, texts, generate, scope=scope,
-                              batch_size=batch_size, truncation=truncation, seed=seed,
-                              progress=progress, max_length=max_length,
-                              distributed=distributed, sample=sample)
+        found = generate_maps(model, tokenizer, texts, generate, sample=sample, corpus=walk)
         return [item.amap for item in found]
-    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                            max_length=max_length)
-    scope = model_scope(model, scope)
+    prepared = prepare(model, tokenizer, texts)
+    kept = prepared.corpus(truncation=walk.truncation, max_length=walk.max_length)
+    scope = model_scope(model, walk.scope)
 
     def run(span: slice) -> list[AttentionMap]:
-        batch = encode(model, tokenizer, corpus.texts[span], max_length=max_length,
-                       truncation=truncation)
+        batch = prepared.inputs([int(i) for i in kept.ids[span]], truncation=walk.truncation,
+                                max_length=walk.max_length)
         with torch.no_grad(), capture(model, scope=scope, tokenizer=tokenizer,
-                                      example_ids=corpus.ids[span]) as cap:
+                                      example_ids=kept.ids[span]) as cap:
             model(**model_inputs(model, batch))
         return cap.maps
 
-    spans = batch_spans(len(corpus.texts), batch_size)
-    parts = run_sharded(run, spans, distributed=distributed, progress=progress, desc="extract")
+    spans = batch_spans(len(kept.texts), walk.batch())
+    parts = run_sharded(run, spans, distributed=walk.distributed, progress=walk.progress,
+                        desc="extract")
     return [amap for part in parts for amap in part]
 
 
 def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
-               scope: ScopeLike = "all", reducers: Sequence[Reducer] | None = None,
-               batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-               seed: int = 0, progress: bool = False, max_length: int | None = None,
-               query_block: int | None = None, distributed: bool | None = None) -> Tally:
+               reducers: Sequence[Reducer] | None = None, query_block: int | None = None,
+               corpus: CorpusOptions | None = None, **keywords: Any) -> Tally:
     """Streaming per-head statistics over a corpus; no attention map is kept.
 
-    Arguments as :func:`extract`, plus ``reducers`` (default: entropy, max weight,
-    previous/self/next and first-key mass) and ``query_block`` (query rows per block; default
-    as many as fit in 16 MiB).
+    Arguments as :func:`extract` (``corpus`` and the corpus keywords), plus ``reducers``
+    (default: entropy, max weight, previous/self/next and first-key mass) and
+    ``query_block`` (query rows per block; default as many as fit in 16 MiB).
 
     Returns a :class:`~attnprobe.core.reducers.Tally` (``.summary()`` for one row per head,
     ``.to_frame()`` tidy); tallies of different corpora merge with ``+``.
@@ -125,20 +117,21 @@ def head_stats(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any, *,
         >>> np.allclose(halves.summary()["entropy"], tally.summary()["entropy"])  # merge exact
         True
     """
-    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                            max_length=max_length)
+    walk = CorpusOptions.merged(corpus, keywords, owner="head_stats()")
+    prepared = prepare(model, tokenizer, texts)
+    kept = prepared.corpus(truncation=walk.truncation, max_length=walk.max_length)
     reducers = list(reducers) if reducers is not None else default_reducers()
-    scope = model_scope(model, scope)
+    scope = model_scope(model, walk.scope)
 
     def run(span: slice) -> Tally:
-        batch = encode(model, tokenizer, corpus.texts[span], max_length=max_length,
-                       truncation=truncation)
+        batch = prepared.inputs([int(i) for i in kept.ids[span]], truncation=walk.truncation,
+                                max_length=walk.max_length)
         with torch.no_grad(), capture(model, scope=scope,
                                       parts=[Reduce(reducers, query_block)]) as cap:
             model(**model_inputs(model, batch))
         return cap.tally
 
-    spans = batch_spans(len(corpus.texts), batch_size)
-    parts = run_sharded(run, spans, distributed=distributed, progress=progress,
+    spans = batch_spans(len(kept.texts), walk.batch())
+    parts = run_sharded(run, spans, distributed=walk.distributed, progress=walk.progress,
                         desc="head_stats")
     return sum(parts, Tally())

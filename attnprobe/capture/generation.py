@@ -33,24 +33,21 @@ from torch import nn
 from attnprobe.capture import hf
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import causal_of, model_scope
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
+from attnprobe.core.corpus_options import CorpusOptions
+from attnprobe.core.display import counted, describe
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.scope import Scope
+from attnprobe.errors import AttentionUnavailableError, InputError
+from attnprobe.inputs.prepared import prepare
+from attnprobe.inputs.text import (
     Corpus,
     Text,
     Truncation,
     batch_spans,
-    check_inputs,
     encode,
     model_inputs,
-    prepare_corpus,
-    token_lengths,
-    token_limit,
     truncation_mode,
 )
-from attnprobe.core.display import counted, describe
-from attnprobe.core.distributed import run_sharded
-from attnprobe.core.scope import Scope, ScopeLike
-from attnprobe.errors import AttentionUnavailableError, InputError
 from attnprobe.types import AttentionMap
 
 __all__ = ["Generated", "check_generation", "generate_maps", "generation_corpus"]
@@ -108,23 +105,22 @@ def generation_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | 
     the model's positions, and the most prompt tokens that leaves (``None``: no known
     limit). A prompt too long is an error naming it (``"error"``), cut (``"cut"``) or left
     out (``"skip"``)."""
-    texts = check_inputs(texts)
-    limit = token_limit(model, tokenizer, max_length)
+    prepared = prepare(model, tokenizer, texts)
+    limit = prepared.facts.limit(max_length)
     if limit is None:
-        return prepare_corpus(model, tokenizer, texts, truncation=truncation), None
+        return prepared.corpus(truncation=truncation), None
     room = limit - generate
     if room < 1:
         raise InputError(f"generate={generate} leaves no room for a prompt: the model takes at "
                          f"most {limit} positions")
     if truncation_mode(truncation) == "error":
-        for i, n in enumerate(token_lengths(tokenizer, texts, model=model)):
+        for i, n in enumerate(prepared.lengths()):
             if n > room:
                 raise InputError(f"text {i} has {n} tokens; with generate={generate} the "
                                  f"sequence needs {n + generate} positions but the model "
                                  f"takes at most {limit}; generate fewer tokens or shorten "
                                  "the text")
-    return prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                          max_length=room), room
+    return prepared.corpus(truncation=truncation, max_length=room), room
 
 
 def _logits(output: Any, model: nn.Module) -> torch.Tensor:
@@ -212,13 +208,12 @@ def _generate_batch(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
 
 
 def generate_maps(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
-                  generate: int, *, scope: ScopeLike = "all",
-                  batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-                  seed: int = 0, progress: bool = False, max_length: int | None = None,
-                  distributed: bool | None = None, sample: bool = False) -> list[Generated]:
+                  generate: int, *, sample: bool = False, corpus: CorpusOptions | None = None,
+                  **keywords: Any) -> list[Generated]:
     """Continue each text by ``generate`` tokens and capture the attention (module
-    docstring); arguments as :func:`attnprobe.capture.extract`, plus ``sample`` (draw each
-    token instead of taking the top one; seeded by ``seed``).
+    docstring); arguments as :func:`attnprobe.capture.extract` (``corpus`` and the corpus
+    keywords: scope, batch size, max length, truncation, seed, progress, distributed), plus
+    ``sample`` (draw each token instead of taking the top one; seeded by ``seed``).
 
     Returns:
         One :class:`Generated` per text (texts left out by ``truncation="skip"`` are
@@ -237,17 +232,18 @@ def generate_maps(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
         >>> bool((g.amap.pattern.triu(1) == 0).all())   # causal: no row reads a later key
         True
     """
+    walk = CorpusOptions.merged(corpus, keywords, owner="generate_maps()")
     check_generation(model, generate)
-    corpus, room = generation_corpus(model, tokenizer, texts, generate, truncation=truncation,
-                                     max_length=max_length)
-    scope = model_scope(model, scope)
-    mode = "cut" if truncation_mode(truncation) == "cut" else "error"
+    found, room = generation_corpus(model, tokenizer, texts, generate,
+                                    truncation=walk.truncation, max_length=walk.max_length)
+    scope = model_scope(model, walk.scope)
+    mode = "cut" if walk.truncation_mode == "cut" else "error"
 
     def run(span: slice) -> list[Generated]:
-        return _generate_batch(model, tokenizer, corpus.texts[span], corpus.ids[span], generate,
-                               scope=scope, sample=bool(sample), seed=seed, truncation=mode,
-                               room=room)
+        return _generate_batch(model, tokenizer, found.texts[span], found.ids[span], generate,
+                               scope=scope, sample=bool(sample), seed=walk.seed,
+                               truncation=mode, room=room)
 
-    parts = run_sharded(run, batch_spans(len(corpus.texts), batch_size),
-                        distributed=distributed, progress=progress, desc="generate")
+    parts = run_sharded(run, batch_spans(len(found.texts), walk.batch()),
+                        distributed=walk.distributed, progress=walk.progress, desc="generate")
     return [item for part in parts for item in part]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Text, TokenIds
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import start_group, torchrun_env
 from attnprobe.core.files import atomic_write, check_outputs
 from attnprobe.core.lines import read_lines
@@ -22,6 +22,7 @@ from attnprobe.core.options import CliOption
 from attnprobe.core.registry import Registry
 from attnprobe.core.scope import SCOPE_FORMS, Scope
 from attnprobe.errors import AttnProbeError, InputError, OutputError
+from attnprobe.inputs.text import DEFAULT_BATCH_SIZE, Text, TokenIds
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 MAX_SKIPPED_SHOWN = 10  # ids of skipped sentences listed on stderr
@@ -187,6 +188,14 @@ def corpus_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of the shared corpus signature, from the parsed options."""
     return {"scope": scope_of(args), "batch_size": args.batch_size,
             "truncation": truncation_of(args), "seed": args.seed, "progress": not args.quiet}
+
+
+def corpus_of(args: argparse.Namespace, *, world: int = 1) -> CorpusOptions:
+    """The :class:`~attnprobe.core.corpus_options.CorpusOptions` of the parsed options
+    (``--max-length`` included), split over the ``world`` processes of a
+    :func:`distributed_group` when there are several."""
+    return CorpusOptions(**corpus_options(args), max_length=args.max_length,
+                         distributed=world > 1)
 
 
 # ------------------------------------------------------------------------------- experiments

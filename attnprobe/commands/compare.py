@@ -10,7 +10,7 @@ import pandas as pd
 from attnprobe.commands.common import (
     check_tables,
     corpus_args,
-    corpus_options,
+    corpus_of,
     count_noun,
     distributed_group,
     generation_args,
@@ -59,8 +59,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with distributed_group(args.distributed) as (rank, world):
         result = compare(model, tokenizer, texts, args.target, methods=args.methods,
                          views=args.views, query=args.query, n_steps=args.n_steps,
-                         max_length=args.max_length, distributed=world > 1, **generation,
-                         **corpus_options(args))
+                         **generation, corpus=corpus_of(args, world=world))
         if rank != 0:
             return 0
     report_skipped(result.skipped)

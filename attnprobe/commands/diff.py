@@ -11,7 +11,7 @@ from attnprobe.commands.common import (
     check_tables,
     corpus_args,
     corpus_from_args,
-    corpus_options,
+    corpus_of,
     count_noun,
     distributed_group,
     report_skipped,
@@ -47,8 +47,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         model_b, tokenizer_b = load_model(args.model_b)
         result = diff(model_a, model_b, tokenizer, texts, trees=trees, tokenizer_b=tokenizer_b,
                       syntax=args.syntax if texts else None, repeated=not args.no_repeated,
-                      max_length=args.max_length, distributed=world > 1,
-                      **corpus_options(args))
+                      corpus=corpus_of(args, world=world))
         if rank != 0:
             return 0
         report_skipped(result.census_a.skipped, "sentence")

@@ -12,7 +12,7 @@ import pandas as pd
 from attnprobe.commands.common import (
     TABLE_SUFFIXES,
     corpus_args,
-    corpus_options,
+    corpus_of,
     distributed_group,
     generation_args,
     generation_options,
@@ -64,17 +64,16 @@ def cmd_extract(args: argparse.Namespace) -> int:
     out, bertviz = _outputs(args)
     texts = texts_from_args(args)
     model, tokenizer = load_model(args.model)
-    options = corpus_options(args)
     generation = generation_options(args)
-    with distributed_group(args.distributed) as (rank, _):
-        maps = extract(model, tokenizer, texts, max_length=args.max_length, **generation,
-                       **options)
+    with distributed_group(args.distributed) as (rank, world):
+        corpus = corpus_of(args, world=world)
+        maps = extract(model, tokenizer, texts, **generation, corpus=corpus)
         if rank != 0:
             return 0
     kept = {m.example_id for m in maps}
     report_skipped([str(i) for i in range(len(texts)) if str(i) not in kept])
     # maps hold the smallest grid around the scope; the tables hold exactly the scope
-    summary = summarize(maps, scope=options["scope"])
+    summary = summarize(maps, scope=corpus.scope)
     with pd.option_context("display.max_rows", args.show, "display.width", 120,
                            "display.float_format", "{:.3f}".format):
         print(summary.drop(columns=["stack"]).to_string(index=False, max_rows=args.show))
@@ -84,7 +83,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
               f"{' '.join(tokens[prompt:])}")
     if out.suffix in TABLE_SUFFIXES:
         frame = pd.concat([m.to_frame() for m in maps], ignore_index=True)
-        write_table(in_scope(frame, options["scope"]), out)
+        write_table(in_scope(frame, corpus.scope), out)
     else:
         save_maps(maps, out)
     if bertviz is not None:

@@ -13,7 +13,7 @@ from attnprobe.commands.common import (
     check_tables,
     corpus_args,
     corpus_from_args,
-    corpus_options,
+    corpus_of,
     count_noun,
     distributed_group,
     positive,
@@ -35,8 +35,7 @@ def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, rep
     model, tokenizer = load_model(args.model)
     result = census(model, tokenizer, texts, trees=trees, syntax=syntax if texts else None,
                     similarity=similarity, repeated=repeated, probe_length=probe_length,
-                    max_length=args.max_length, from_agg=from_agg, distributed=world > 1,
-                    **corpus_options(args))
+                    from_agg=from_agg, corpus=corpus_of(args, world=world))
     if rank == 0:
         report_skipped(result.skipped, "sentence")
     return result

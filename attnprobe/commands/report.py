@@ -9,7 +9,7 @@ from typing import Any
 
 from attnprobe.commands.common import (
     corpus_args,
-    corpus_options,
+    corpus_of,
     distributed_group,
     experiment_type,
     generation_args,
@@ -24,6 +24,7 @@ from attnprobe.commands.common import (
     texts_from_args,
 )
 from attnprobe.core.files import check_outputs
+from attnprobe.core.metric_kind import metric_forms
 from attnprobe.core.options import CliOption, registered_options
 from attnprobe.errors import AttnProbeError, OutputError
 
@@ -79,8 +80,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     patching = _patching(args)
     model, tokenizer = load_model(args.model)
     with distributed_group(args.distributed) as (rank, world):
-        page = from_model(model, tokenizer, texts, **corpus_options(args),
-                          distributed=world > 1, max_length=args.max_length,
+        page = from_model(model, tokenizer, texts, corpus=corpus_of(args, world=world),
                           syntax=args.syntax, view_texts=args.view_texts, target=args.target,
                           n_steps=args.n_steps, query=args.query, perturb=args.perturb,
                           logit_attribution=args.logit_attribution,
@@ -185,9 +185,8 @@ def register(sub: Any) -> None:
                         help="with --corrupt-file: heads (default: activation patching), "
                              "path or attribution")
     causal.add_argument("--metric", metavar="SPEC",
-                        help="with --corrupt-file: what patching measures (logit:T, prob:T, "
-                             "logit_diff:A,B, loss, logit:next, next-token; default "
-                             "logit:next)")
+                        help=f"with --corrupt-file: what patching measures ({metric_forms()}; "
+                             "default logit:next)")
     causal.add_argument("--metric-positions", type=positions_type("--metric-positions"),
                         metavar="WHERE",
                         help="where --metric reads: last, all, or positions such as 0,3,-1 "

@@ -13,17 +13,8 @@
   :mod:`.paired_attention`).
 """
 
-from attnprobe.core.reducers import (
-    REDUCERS,
-    Entropy,
-    KeyMass,
-    MaxWeight,
-    OffsetMass,
-    Reducer,
-    RowBlock,
-    Tally,
-    default_reducers,
-)
+from attnprobe.core.reducers import REDUCERS, KeyMass, Reducer, Tally, default_reducers
+from attnprobe.core.row_blocks import RowBlock
 from attnprobe.core.tokens import token_classes
 from attnprobe.heads.census_options import CensusOptions
 from attnprobe.heads.census_stats import CensusStats
@@ -46,6 +37,7 @@ from attnprobe.heads.qk_ov import Circuits, Factored, circuits
 from attnprobe.heads.retrieval import RetrievalHits, copy_accuracy, retrieval_scores
 from attnprobe.heads.similarity import HeadDistances, cluster_heads
 from attnprobe.heads.sinks import SinkRule
+from attnprobe.heads.stat_views import Entropy, MaxWeight, OffsetMass
 from attnprobe.heads.summary import classify, summarize, tally_maps
 from attnprobe.heads.trees import Tree, parse, read_conllu, write_conllu
 from attnprobe.heads.words import align_tokens, to_words

@@ -14,19 +14,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.text import (
+from attnprobe.errors import InputError
+from attnprobe.heads.trees import Tree
+from attnprobe.inputs.prepared import PreparedCorpus, TokenFacts, facts_of, prepared_with
+from attnprobe.inputs.text import (
     Text,
     TokenRow,
     encode,
-    max_length_of,
     model_inputs,
     pad_ids,
     pad_rows,
-    token_rows,
 )
-from attnprobe.capture.token_ids import input_vocab_size
-from attnprobe.errors import InputError
-from attnprobe.heads.trees import Tree
+from attnprobe.inputs.token_ids import input_vocab_size
 
 __all__ = ["CensusBatch", "Sentence", "plan_batches"]
 
@@ -99,20 +98,19 @@ def _tree_tokens(model: nn.Module, tokenizer: Any, trees: Sequence[Tree]
             for b, ids in enumerate(enc["input_ids"])]
 
 
-def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
+def _sentences(facts: TokenFacts, texts: PreparedCorpus | None,
                trees: Sequence[Tree] | None, max_length: int | None,
                truncation: str) -> tuple[list[Sentence], tuple[str, ...]]:
+    model, tokenizer = facts.model, facts.tokenizer
     if truncation == "cut" and trees is not None:
         raise InputError("a parsed sentence cannot be cut (its tree would no longer match); "
                          "use truncation='skip' (CLI --skip-long)")
     tokens = _tree_tokens(model, tokenizer, trees) if trees is not None else None
     # texts are checked as every corpus analysis checks them (capture.text)
-    rows = token_rows(tokenizer, texts, model=model) if tokens is None else None
+    rows = texts.rows() if texts is not None else None
     lengths = [len(ids) for ids, _ in tokens] if tokens is not None else \
         [len(row.ids) for row in rows]
-    limit = max_length_of(model, tokenizer)
-    if max_length is not None:
-        limit = min(limit, max_length) if limit else max_length
+    limit = facts.limit(max_length)
     items, skipped = [], []
     for i, n in enumerate(lengths):
         tree = trees[i] if trees is not None else None
@@ -135,13 +133,18 @@ def _sentences(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None,
 
 def plan_batches(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None = None, *,
                  trees: Sequence[Tree] | None = None, batch_size: int,
-                 truncation: str = "error", max_length: int | None = None
+                 truncation: str = "error", max_length: int | None = None,
+                 facts: TokenFacts | None = None
                  ) -> tuple[list[CensusBatch], tuple[str, ...]]:
     """The census's batches (sentences sorted by length, so a batch holds similar lengths and
-    little padding) and the ids of sentences skipped as too long."""
+    little padding) and the ids of sentences skipped as too long. ``texts`` may be a
+    :class:`~attnprobe.inputs.prepared.PreparedCorpus` and ``facts`` the model's
+    :class:`~attnprobe.inputs.prepared.TokenFacts` (read, not computed again)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer; got {batch_size!r}")
-    items, skipped = _sentences(model, tokenizer, texts, trees, max_length, truncation)
+    facts = facts if facts is not None else facts_of(model, tokenizer, texts)
+    prepared = prepared_with(facts, texts) if texts is not None else None
+    items, skipped = _sentences(facts, prepared, trees, max_length, truncation)
     ordered = sorted(items, key=lambda it: (it.n_tokens, it.index))
     batches = [CensusBatch(tuple(ordered[i:i + batch_size]), model, tokenizer, truncation,
                            max_length) for i in range(0, len(ordered), batch_size)]

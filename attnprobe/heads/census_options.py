@@ -28,8 +28,9 @@ def _positive_or_none(name: str, value: object, what: str) -> None:
 
 @dataclass(frozen=True)
 class CensusOptions:
-    """The census's own options (the corpus options — scope, batch size, truncation, seed,
-    progress, distributed — are :func:`~attnprobe.heads.census`'s keywords).
+    """The census's own options (the corpus options — scope, batch size, max length,
+    truncation, seed, progress, distributed — are its
+    :class:`~attnprobe.core.corpus_options.CorpusOptions`).
 
     Attributes:
         syntax: parse ``texts`` with spaCy (``nlp`` or the packaged English pipeline) to
@@ -46,7 +47,6 @@ class CensusOptions:
             (``ref:induction``: 48, so 23), else its positions (``max_position_embeddings``,
             the tokenizer's ``model_max_length``). A longer length is a warning naming the
             limit; one the model's positions cannot hold is an error.
-        max_length: tokens a sentence may have (default: what the model takes).
         window: offsets ±window get their own score column.
         min_count: words a dependency relation needs (syntax labels and table).
         from_agg: how a word's attention is pooled from its pieces' rows
@@ -63,7 +63,6 @@ class CensusOptions:
     similarity_rows: int | None = 16
     repeated: bool = True
     probe_length: int | None = None
-    max_length: int | None = None
     window: int = 3
     min_count: int = MIN_COUNT
     from_agg: str = "mean"

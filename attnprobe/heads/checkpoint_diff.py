@@ -21,7 +21,7 @@ line.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -29,10 +29,10 @@ from pandas.api import types as ptypes
 from torch import nn
 
 from attnprobe.capture.info import causal_of
-from attnprobe.capture.text import DEFAULT_BATCH_SIZE, Truncation
 from attnprobe.core import html_view
-from attnprobe.core.scope import ScopeLike
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.errors import InputError
+from attnprobe.heads.census_options import CensusOptions
 from attnprobe.heads.head_census import Census, census
 from attnprobe.heads.labels import Thresholds
 from attnprobe.heads.paired_attention import (
@@ -42,6 +42,7 @@ from attnprobe.heads.paired_attention import (
     common_max_length,
 )
 from attnprobe.heads.trees import Tree, texts_or_trees
+from attnprobe.inputs.text import Text
 
 __all__ = ["KEY", "Diff", "diff", "diff_censuses"]
 
@@ -107,7 +108,7 @@ def _token_rows(result: Census) -> int:
 
 
 def _words_per_relation(result: Census) -> dict[str, int] | None:
-    if result.part.syntax is None:
+    if result.sums.syntax is None:
         return None
     table = result.syntax(1)
     return dict(zip(table["relation"], table["count"], strict=True))
@@ -287,12 +288,10 @@ def diff_censuses(census_a: Census, census_b: Census, *,
 
 
 def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
-         texts: Sequence[str] | None = None, *, trees: Sequence[Tree] | None = None,
-         tokenizer_b: Any = None, scope: ScopeLike = "all",
-         batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error", seed: int = 0,
-         progress: bool = False, syntax: bool | None = None, repeated: bool = True,
-         max_length: int | None = None, thresholds: Thresholds | None = None, nlp: Any = None,
-         distributed: bool | None = None) -> Diff:
+         texts: Sequence[Text] | None = None, *, trees: Sequence[Tree] | None = None,
+         tokenizer_b: Any = None, options: CensusOptions | None = None,
+         thresholds: Thresholds | None = None, corpus: CorpusOptions | None = None,
+         **keywords: Any) -> Diff:
     """Compare two checkpoints of one model (e.g. before and after fine-tuning) head by head.
 
     Args:
@@ -301,11 +300,15 @@ def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
             ``tokenizer_b``, model B's own, is only checked to have the same vocabulary.
         texts / trees: the corpus, as for :func:`~attnprobe.heads.census`; with
             ``syntax=True`` texts are parsed once (spaCy, or ``nlp``) for both censuses.
-        scope, batch_size, truncation, seed, progress, distributed: the shared corpus
-            signature (``seed`` draws the repeated-token probe, the same for both models).
-        repeated: run the repeated-random-token probe (``rep_*`` scores) on both models.
-        max_length: cap on tokens per sentence; the smaller model limit applies anyway.
+        options: what both censuses compute (:class:`~attnprobe.heads.census_options.
+            CensusOptions`; e.g. ``repeated``, the repeated-random-token probe, ``syntax``,
+            ``nlp``); head-to-head distances are left out.
         thresholds: label thresholds for both censuses.
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`: scope, batch size, truncation, seed, progress, distributed,
+            ``max_length``, a cap on tokens per sentence under the smaller model limit;
+            ``seed`` draws the repeated-token probe, the same for both models), and any
+            census option by name (``repeated=False``, ``syntax=True`` ...).
 
     Returns:
         A :class:`Diff` (``.heads()``, ``.scores()``, ``.layers()``; ``.census_a`` and
@@ -327,15 +330,17 @@ def diff(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
         >>> d.heads().query("layer == 1")["label_b"].unique().tolist()
         ['broad']
     """
+    given, own = CorpusOptions.split(keywords)
+    walk = CorpusOptions.merged(corpus, given, owner="diff()")
+    opts = replace((options or CensusOptions()).with_keywords(own), similarity=False)
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     _check_kinds(model_a, model_b)
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
-    texts, trees = texts_or_trees(texts, trees, syntax, nlp)
-    limit = common_max_length(model_a, model_b, tokenizer, tokenizer_b, max_length)
-    shared = dict(trees=trees, scope=scope, batch_size=batch_size, truncation=truncation,
-                  progress=progress, max_length=limit, distributed=distributed)
-    censuses = [census(model, tokenizer, texts, seed=seed, similarity=False, repeated=repeated,
-                       **shared) for model in (model_a, model_b)]
-    change = attention_change(model_a, model_b, tokenizer, texts, **shared)
+    texts, trees = texts_or_trees(texts, trees, opts.syntax, opts.nlp)
+    walk = walk.replace(max_length=common_max_length(model_a, model_b, tokenizer, tokenizer_b,
+                                                     walk.max_length))
+    censuses = [census(model, tokenizer, texts, trees=trees, options=opts, corpus=walk)
+                for model in (model_a, model_b)]
+    change = attention_change(model_a, model_b, tokenizer, texts, trees=trees, corpus=walk)
     return Diff(censuses[0], censuses[1], change, thresholds)

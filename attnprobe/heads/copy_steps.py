@@ -17,7 +17,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from attnprobe.capture.text import (
+from attnprobe.core.checks import check_number
+from attnprobe.core.display import counted, describe
+from attnprobe.errors import InputError
+from attnprobe.inputs.text import (
     Text,
     TokenIds,
     Truncation,
@@ -27,9 +30,6 @@ from attnprobe.capture.text import (
     token_lengths,
     truncation_mode,
 )
-from attnprobe.core.checks import check_number
-from attnprobe.core.display import counted, describe
-from attnprobe.errors import InputError
 
 __all__ = ["MASK_CELLS", "CopySteps", "CopyTask", "as_copy_steps", "find_copy_steps"]
 

@@ -21,7 +21,7 @@ The metric must be linear in the logits (:meth:`attnprobe.core.metric.Metric.log
 the metric's coefficient, so over positions and components an example's rows sum to its
 metric (a mean over several positions). This is checked on every batch against the metric
 read off the model's real logits: a gap above :func:`tolerance` is a one-line
-:class:`~attnprobe.capture.anatomy.DecompositionError`, never a silently wrong table.
+:class:`~attnprobe.weights.anatomy.DecompositionError`, never a silently wrong table.
 
 One forward per batch: forward hooks (:mod:`attnprobe.heads.residual_parts`; removed on
 exit, also on error) read the input of the first block (the embeddings: token, position, any
@@ -42,23 +42,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture.anatomy import Anatomy, DecompositionError, anatomy
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Text,
-    Truncation,
-    batch_spans,
-    encode,
-    model_inputs,
-    prepare_corpus,
-)
 from attnprobe.core import html_view
 from attnprobe.core.checks import check_eval
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.display import counted, describe, grid
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.metric import Metric, Positions, positions_mask
 from attnprobe.core.registry import one_of
-from attnprobe.core.scope import Scope, ScopeLike
+from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.heads.logit_inputs import (
     DEFAULT_POSITIONS,
@@ -77,6 +68,9 @@ from attnprobe.heads.residual_parts import (
     recording,
     tolerance,
 )
+from attnprobe.inputs.prepared import PreparedCorpus, prepare
+from attnprobe.inputs.text import Text, Truncation, batch_spans, model_inputs
+from attnprobe.weights.anatomy import Anatomy, DecompositionError, anatomy
 
 __all__ = ["COLUMNS", "KINDS", "TOTAL_COLUMNS", "LogitAttribution", "component_means",
            "head_means", "logit_attribution", "tolerance"]
@@ -191,7 +185,7 @@ class _Job:
 
     model: nn.Module
     tokenizer: Any
-    texts: tuple[Text, ...]
+    prepared: PreparedCorpus
     ids: tuple[str, ...]
     request: MetricRequest
     scope: Scope
@@ -202,9 +196,9 @@ class _Job:
     value_bias: ValueBias
 
     def __call__(self, span: slice) -> tuple[pd.DataFrame, pd.DataFrame]:
-        batch = encode(self.model, self.tokenizer, self.texts[span], max_length=self.max_length,
-                       truncation=self.truncation)
         rows = [int(i) for i in self.ids[span]]  # this batch's part of the corpus's options
+        batch = self.prepared.inputs(rows, max_length=self.max_length,
+                                     truncation=self.truncation)
         metric, positions = self.request.for_batch(rows, batch["input_ids"].shape[1])
         keep = _kept(metric, positions, batch)
         param = next(self.model.parameters())
@@ -263,29 +257,30 @@ class _Job:
 
 # ----------------------------------------------------------------------------- entry point
 def logit_attribution(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any,
-                      metric: str | Metric, *, scope: ScopeLike = "all",
-                      batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-                      seed: int = 0, progress: bool = False, distributed: bool | None = None,
-                      max_length: int | None = None,
+                      metric: str | Metric, *,
                       metric_positions: Positions | None = DEFAULT_POSITIONS,
                       pairs: Sequence[Pair] | None = None, value_bias: ValueBias = "head",
-                      positions: Positions | None = None) -> LogitAttribution:
+                      positions: Positions | None = None, corpus: CorpusOptions | None = None,
+                      **keywords: Any) -> LogitAttribution:
     """Direct logit attribution of ``metric`` to every head, the embeddings, each MLP and
     the biases, over ``texts`` (module docstring; the definition:
     [causal methods](../guide/causal-methods.md#direct-logit-attribution)).
 
     Args:
         model: a pre-norm language model whose layout attnprobe knows
-            (:mod:`attnprobe.capture.anatomy`: GPT-2, LLaMA-layout decoders, the reference
+            (:mod:`attnprobe.weights.anatomy`: GPT-2, LLaMA-layout decoders, the reference
             models), in eval mode; post-norm (BERT-style) models are refused.
-        texts: strings or token ids, as every corpus analysis takes them.
+        texts: strings or token ids, as every corpus analysis takes them (or a
+            :class:`~attnprobe.inputs.prepared.PreparedCorpus`).
         metric: a spec linear in the logits (``logit:T``, ``logit_diff:A,B``,
             ``next-token``, ``logit:next``; :mod:`attnprobe.core.metric`) or a
             :class:`~attnprobe.core.metric.Metric` (which carries its own positions).
-        scope: the heads listed one by one; the others of each layer form one ``rest`` row,
-            so the table still sums to the metric.
-        batch_size / truncation / progress / distributed / max_length: as for every corpus
-            analysis (:func:`attnprobe.extract`); ``seed`` is unused (nothing is drawn).
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name): ``scope``, the heads listed one by one
+            (the others of each layer form one ``rest`` row, so the table still sums to the
+            metric); ``batch_size``, ``truncation``, ``progress``, ``distributed``,
+            ``max_length`` as for every corpus analysis (:func:`attnprobe.extract`);
+            ``seed`` is unused (nothing is drawn).
         metric_positions: where a spec reads, as in patching: ``"last"`` (default), ``"all"``,
             a position, a list, one list per text, or a ``[text, seq]`` bool mask exactly as
             wide as the longest text; ``None`` is the metric's default (``"all"`` for
@@ -319,28 +314,30 @@ def logit_attribution(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | 
         >>> bool(np.allclose(t["components"], t["value"], atol=1e-4))
         True
     """
-    del seed  # deterministic: nothing is drawn
+    walk = CorpusOptions.merged(corpus, keywords, owner="logit_attribution()")
+    truncation, max_length = walk.truncation, walk.max_length
     metric_positions = renamed_positions(metric_positions, positions)
     if value_bias not in VALUE_BIASES:
         raise InputError(one_of("value_bias", value_bias, tuple(VALUE_BIASES)))
     parts = anatomy(model)
     check_eval(model)
-    scope = Scope.parse(scope).validate(parts.n_layers, parts.n_heads, name=parts.name)
-    corpus = prepare_corpus(model, tokenizer, texts, truncation=truncation,
-                            max_length=max_length)
-    request = metric_request(model, tokenizer, corpus, metric, metric_positions, pairs,
+    scope = Scope.parse(walk.scope).validate(parts.n_layers, parts.n_heads, name=parts.name)
+    prepared = prepare(model, tokenizer, texts)
+    kept = prepared.corpus(truncation=truncation, max_length=max_length)
+    request = metric_request(model, tokenizer, kept, metric, metric_positions, pairs,
                              truncation=truncation, max_length=max_length)
     if not request.parsed.linear:
         raise InputError(f"metric {request.parsed.spec!r} is not a sum of logits; a direct "
                          "logit attribution needs logit:T, logit_diff:A,B, next-token or "
                          "logit:next (prob, logprob and loss are not linear in the logits)")
     weights = OutputWeights.read(parts)
-    job = _Job(model, tokenizer, corpus.texts, corpus.ids, request, scope, parts, weights,
+    job = _Job(model, tokenizer, prepared, kept.ids, request, scope, parts, weights,
                max_length, truncation, value_bias)
-    found = run_sharded(job, batch_spans(len(corpus.texts), batch_size),
-                        distributed=distributed, progress=progress, desc="logit attribution")
+    found = run_sharded(job, batch_spans(len(kept.texts), walk.batch()),
+                        distributed=walk.distributed, progress=walk.progress,
+                        desc="logit attribution")
     table = pd.concat([t for t, _ in found], ignore_index=True)
     totals = pd.concat([t for _, t in found], ignore_index=True)
-    table.attrs["skipped"] = corpus.skipped
+    table.attrs["skipped"] = kept.skipped
     return LogitAttribution(table, totals, parts.name, parts.family, parts.n_layers,
                             parts.n_heads, value_bias)

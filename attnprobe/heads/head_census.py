@@ -5,7 +5,7 @@ for the whole corpus; its part (:class:`~attnprobe.heads.census_tap.CensusTap`) 
 weights as they are computed (entropy, offsets, sinks, token classes, token matches,
 segments) and keeps only the rows the head distances (Jensen–Shannon) read; when trees are
 given (or parsed) the batch's padded weights are also turned into word-level maps and scored
-against the dependency relations. Each batch yields a mergeable part; parts are summed in
+against the dependency relations. Each batch yields mergeable sums; they are added in
 batch order, so a run split across processes (``torch.distributed``) gives the same numbers
 as one process.
 """
@@ -24,26 +24,21 @@ from torch import nn
 from attnprobe.capture.calls import BatchPatterns, StopForward
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import model_info, model_scope
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Truncation,
-    truncation_mode,
-)
 from attnprobe.core import html_view
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.reducers import Tally
-from attnprobe.core.scope import Scope, ScopeLike
-from attnprobe.core.tokens import token_classes
+from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
 from attnprobe.heads import labels
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
 from attnprobe.heads.census_options import CensusOptions
-from attnprobe.heads.census_parts import CensusPart
+from attnprobe.heads.census_sums import CensusSums
 from attnprobe.heads.census_tap import CensusTap
 from attnprobe.heads.dependencies import MIN_COUNT, SyntaxCounts, score_batch
+from attnprobe.heads.probe import limits_within, probe_tally, probe_vocabulary, repeated_tokens
 from attnprobe.heads.probe import probe_length as resolve_probe_length
-from attnprobe.heads.probe import probe_limits, probe_tally, probe_vocabulary, repeated_tokens
 from attnprobe.heads.scores import (
     INDEX,
     census_reducers,
@@ -53,6 +48,8 @@ from attnprobe.heads.scores import (
 from attnprobe.heads.similarity import cluster_heads
 from attnprobe.heads.trees import Tree, texts_or_trees
 from attnprobe.heads.words import to_words
+from attnprobe.inputs.prepared import PreparedCorpus, facts_of, prepared_with
+from attnprobe.inputs.text import Text
 
 
 @dataclass
@@ -60,7 +57,7 @@ class Census:
     """Census results. Tables are computed from the merged sums on request.
 
     Attributes:
-        part: merged sums (tally of streaming statistics, syntax counts, head distances).
+        sums: merged sums (tally of streaming statistics, syntax counts, head distances).
         skipped: ids of sentences left out because they were too long (``truncation="skip"``).
         window: offsets ±window get their own score column.
         probe: the repeated-random-token probe's tally (``rep_*`` scores), kept apart from
@@ -68,7 +65,7 @@ class Census:
         probe_length: tokens per copy of the probe (None without the probe).
     """
 
-    part: CensusPart
+    sums: CensusSums
     skipped: tuple[str, ...] = ()
     window: int = 3
     min_count: int = MIN_COUNT
@@ -79,17 +76,17 @@ class Census:
 
     @property
     def n_sentences(self) -> int:
-        return self.part.sentences
+        return self.sums.sentences
 
     def __repr__(self) -> str:
-        heads, layers, rows = self.part.shape()
-        syntax = self.part.syntax
+        heads, layers, rows = self.sums.shape()
+        syntax = self.sums.syntax
         return describe(
             "Census", f"{self.model + ': ' if self.model else ''}{counted(heads, 'head')} in "
             f"{counted(layers, 'layer')}", counted(self.n_sentences, "sentence"),
             counted(rows, "token"),
             None if syntax is None else f"syntax on {counted(syntax.scored_words, 'word')}",
-            "head distances" if self.part.distances is not None else None,
+            "head distances" if self.sums.distances is not None else None,
             None if self.probe is None else f"repeated-token probe of {self.probe_length}",
             f"{counted(len(self.skipped), 'sentence')} skipped" if self.skipped else None,
             None if self.scope.is_all else f"scope {str(self.scope)[:40]}")
@@ -101,13 +98,13 @@ class Census:
     @property
     def tally(self) -> Tally:
         """Every streaming statistic, per (stack, kind, layer) and head (mergeable)."""
-        return self.part.full_tally()
+        return self.sums.full_tally()
 
     def scores(self) -> pd.DataFrame:
         """One row per head, every score (columns in ``attnprobe.heads.scores``)."""
         extras = []
-        if self.part.syntax is not None:
-            extras.append(self.part.syntax.per_head(self.min_count))
+        if self.sums.syntax is not None:
+            extras.append(self.sums.syntax.per_head(self.min_count))
         if self.probe is not None:  # its own rows: never averaged with the corpus'
             probe = wide_scores(self.probe)
             extras.append(probe[[*INDEX[:4], *(c for c in probe if c.startswith("rep_"))]])
@@ -136,9 +133,9 @@ class Census:
         """Best head per relation vs the best fixed-offset baseline (Clark et al. Table 1):
         relations with at least ``min_count`` words (default: the census's ``min_count``,
         :data:`MIN_COUNT` = 20, as the labels use), plus ``all``."""
-        if self.part.syntax is None:
+        if self.sums.syntax is None:
             raise InputError("this census had no dependency trees; pass trees= or syntax=True")
-        return self.part.syntax.table(self.min_count if min_count is None else min_count)
+        return self.sums.syntax.table(self.min_count if min_count is None else min_count)
 
     def offsets(self) -> pd.DataFrame:
         """Mass and argmax share at every relative offset, per head (long form)."""
@@ -146,15 +143,15 @@ class Census:
 
     def distances(self) -> pd.DataFrame:
         """Mean Jensen–Shannon divergence between every pair of heads (long form)."""
-        if self.part.distances is None:
+        if self.sums.distances is None:
             raise InputError("head distances were not computed (similarity=False)")
-        return self.part.distances.to_frame()
+        return self.sums.distances.to_frame()
 
     def clusters(self, n_clusters: int = 6) -> pd.DataFrame:
         """Heads grouped by their JS distances, with 2-D MDS coordinates."""
-        if self.part.distances is None:
+        if self.sums.distances is None:
             raise InputError("head distances were not computed (similarity=False)")
-        return cluster_heads(self.part.distances, n_clusters)
+        return cluster_heads(self.sums.distances, n_clusters)
 
 
 @dataclass(frozen=True)
@@ -178,43 +175,42 @@ def _syntax(run: _Run, items: Sequence[Any], patterns: BatchPatterns,
                        heads=patterns.heads, stack=patterns.stack, kind=patterns.kind)
 
 
-def _run_batch(run: _Run, group: CensusBatch) -> CensusPart:
+def _run_batch(run: _Run, group: CensusBatch) -> CensusSums:
     """One forward inside the corpus' capture; what the tap kept of it."""
     inputs, token_word = group.inputs()
     try:
         run.model(**inputs)
     except StopForward:  # after the last attention layer: the rest is not needed
         pass
-    part, main = run.tap.take(len(group.sentences))
+    sums, main = run.tap.take(len(group.sentences))
     if token_word is not None and main is not None:
-        part.syntax = _syntax(run, group.sentences, main, token_word)
-    return part
+        sums.syntax = _syntax(run, group.sentences, main, token_word)
+    return sums
 
 
-def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
-           trees: Sequence[Tree] | None = None, scope: ScopeLike = "all",
-           batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-           seed: int = 0, progress: bool = False, distributed: bool | None = None,
-           options: CensusOptions | None = None, **keywords: Any) -> Census:
+def census(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | None = None, *,
+           trees: Sequence[Tree] | None = None, options: CensusOptions | None = None,
+           corpus: CorpusOptions | None = None, **keywords: Any) -> Census:
     """Score every head of ``model`` over a corpus.
 
     Args:
         texts / trees: raw sentences, or dependency trees (e.g. from
             :func:`~attnprobe.heads.trees.read_conllu`) whose words are fed pre-split. A
             text with a tab is a sentence pair (the ``block`` score needs pairs).
-        scope: which heads to score (:mod:`attnprobe.core.scope`; default every head).
-        batch_size: sentences per forward (sorted by length first).
-        truncation: sentences longer than the model allows: ``"error"`` names the first,
-            ``"skip"`` leaves them out (listed in ``Census.skipped``), ``"cut"`` cuts raw
-            texts (parsed sentences cannot be cut).
-        seed: seeds the repeated-random-token probe.
-        progress: show a progress bar over batches (tqdm).
-        distributed: split batches across the ranks of an initialised ``torch.distributed``
-            process group and all-gather the parts (default: when a group is initialised).
+            ``texts`` may be a :class:`~attnprobe.inputs.prepared.PreparedCorpus`: its
+            token rows, length limit and token classes are read, not computed again.
         options: what the census computes (:class:`~attnprobe.heads.census_options.
             CensusOptions`: syntax, head distances, the repeated-token probe, offsets ...).
-        keywords: any option by name, e.g. ``similarity=False`` (a shim over ``options``:
-            they replace its fields).
+        corpus: how the corpus is walked (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`): ``scope`` (which heads; default every head), ``batch_size``
+            (sentences per forward, sorted by length first), ``max_length``,
+            ``truncation`` (sentences longer than the model allows: ``"error"`` names the
+            first, ``"skip"`` leaves them out, listed in ``Census.skipped``, ``"cut"`` cuts
+            raw texts; parsed sentences cannot be cut), ``seed`` (the repeated-token
+            probe), ``progress``, ``distributed`` (split batches across the ranks of an
+            initialised ``torch.distributed`` group).
+        keywords: any corpus or census option by name, e.g. ``batch_size=8``,
+            ``similarity=False`` (they replace the fields of ``corpus`` / ``options``).
 
     Returns:
         A :class:`Census`; ``.scores()``, ``.classify()``, ``.syntax()``, ``.layer_profile()``,
@@ -229,11 +225,14 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     """
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
-    opts = (options or CensusOptions()).with_keywords(keywords)
-    truncation = truncation_mode(truncation)
-    scope = model_scope(model, scope)
-    classes = token_classes(tokenizer)
-    limits = probe_limits(model, tokenizer)
+    given, own = CorpusOptions.split(keywords)
+    walk = CorpusOptions.merged(corpus, given, owner="census()")
+    opts = (options or CensusOptions()).with_keywords(own)
+    truncation = walk.truncation_mode
+    scope = model_scope(model, walk.scope)
+    facts = facts_of(model, tokenizer, texts)
+    classes = facts.classes
+    limits = limits_within(model, facts.max_length)
     probe_length = vocabulary = None
     if opts.repeated:  # checked before any forward: a bad length fails fast
         vocabulary = probe_vocabulary(tokenizer, classes)
@@ -241,6 +240,7 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
                                             max_length=limits.positions,
                                             trained_length=limits.trained,
                                             vocabulary=vocabulary)
+    given_texts = texts
     texts, trees = texts_or_trees(texts, trees, opts.syntax, opts.nlp)
     if isinstance(trees, (str, Tree)):
         raise InputError("trees must be a list of Tree objects; wrap a single tree in a list")
@@ -251,19 +251,24 @@ def census(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None,
     if wrong is not None:
         raise InputError(f"trees[{wrong}] is a {type(trees[wrong]).__name__}, not a Tree "
                          "(read_conllu or parse make them; raw sentences go in texts)")
-    batches, skipped = plan_batches(model, tokenizer, texts, trees=trees, batch_size=batch_size,
-                                    truncation=truncation, max_length=opts.max_length)
+    if texts is not None:  # the caller's prepared corpus keeps what it already computed
+        texts = prepared_with(facts, given_texts if isinstance(given_texts, PreparedCorpus)
+                              else texts)
+    batches, skipped = plan_batches(model, tokenizer, texts, trees=trees,
+                                    batch_size=walk.batch(), truncation=truncation,
+                                    max_length=walk.max_length, facts=facts)
     reducers = census_reducers(classes=classes, max_offset=opts.max_offset)
     # one capture for the corpus: each batch's forward is read by the tap and dropped
     tap = CensusTap(reducers, sample_rows=opts.similarity_rows if opts.similarity else 0,
                     keep_main=trees is not None)
     with torch.no_grad(), capture(model, scope, parts=[tap], stop_early=True):
-        parts = run_sharded(partial(_run_batch, _Run(model, tap, opts.from_agg)), batches,
-                            distributed=distributed, progress=progress, desc="census")
-    merged = CensusPart()
-    for part in parts:  # in batch order, whatever the number of ranks
-        merged = merged + part
-    probe = probe_tally(model, repeated_tokens(tokenizer, length=probe_length, seed=seed,
+        per_batch = run_sharded(partial(_run_batch, _Run(model, tap, opts.from_agg)), batches,
+                            distributed=walk.distributed, progress=walk.progress,
+                            desc="census")
+    merged = CensusSums()
+    for batch_sums in per_batch:  # in batch order, whatever the number of ranks
+        merged = merged + batch_sums
+    probe = probe_tally(model, repeated_tokens(tokenizer, length=probe_length, seed=walk.seed,
                                                max_length=limits.positions, classes=classes,
                                                vocabulary=vocabulary),
                         classes=classes, scope=scope) if opts.repeated else None

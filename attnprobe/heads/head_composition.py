@@ -34,12 +34,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture.head_weights import HeadWeights
 from attnprobe.core import html_view
 from attnprobe.core.display import describe, grid
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
 from attnprobe.heads.qk_ov import Circuits, circuits
+from attnprobe.weights.head_weights import HeadWeights
 
 __all__ = ["COLUMNS", "KINDS", "Composition", "composition", "composition_matrix",
            "composition_scores", "random_baseline"]
@@ -63,7 +63,7 @@ def _square_norm(left_gram: torch.Tensor, right_gram: torch.Tensor) -> torch.Ten
 def composition_scores(kind: str, writer: HeadWeights, reader: HeadWeights) -> torch.Tensor:
     """``[writer head, reader head]`` ``kind``-composition scores (module docstring) between
     every head of ``writer`` and every head of ``reader`` (weights indexed by query head,
-    :meth:`~attnprobe.capture.head_weights.HeadWeights.per_query_head`), in float64. A
+    :meth:`~attnprobe.weights.head_weights.HeadWeights.per_query_head`), in float64. A
     head whose circuit is zero scores NaN."""
     if kind not in KINDS:
         raise InputError(one_of("composition kind", kind, KINDS))

@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.text import (
+from attnprobe.core.metric import Metric, Positions, parse_metric
+from attnprobe.core.positions import fit_positions
+from attnprobe.errors import InputError
+from attnprobe.inputs.text import (
     Corpus,
     Truncation,
     token_lengths,
     token_limit,
     truncation_mode,
 )
-from attnprobe.core.metric import Metric, Positions, parse_metric
-from attnprobe.core.positions import fit_positions
-from attnprobe.errors import InputError
 
 __all__ = ["DEFAULT_POSITIONS", "MetricRequest", "Pair", "metric_request",
            "renamed_positions"]

@@ -27,23 +27,17 @@ from attnprobe.capture.calls import BatchPatterns
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import attention_sizes, model_scope
 from attnprobe.capture.parts import Keep
-from attnprobe.capture.text import (
-    DEFAULT_BATCH_SIZE,
-    Truncation,
-    check_inputs,
-    max_length_of,
-    model_inputs,
-    truncation_mode,
-)
-from attnprobe.capture.token_ids import input_vocab_size
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.divergence import jsd
 from attnprobe.core.merging import Summable, trivial_merge
-from attnprobe.core.scope import ScopeLike, head_id
+from attnprobe.core.scope import head_id
 from attnprobe.errors import InputError
 from attnprobe.heads.census_batches import CensusBatch, plan_batches
 from attnprobe.heads.trees import Tree
+from attnprobe.inputs.text import Text, check_inputs, max_length_of, model_inputs
+from attnprobe.inputs.token_ids import input_vocab_size
 
 __all__ = ["CHANGE_COLUMNS", "AttentionChange", "attention_change", "check_pair",
            "common_max_length"]
@@ -238,11 +232,9 @@ class ChangeRun:
 
 
 def attention_change(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
-                     texts: Sequence[str] | None = None, *, trees: Sequence[Tree] | None = None,
-                     tokenizer_b: Any = None, scope: ScopeLike = "all",
-                     batch_size: int = DEFAULT_BATCH_SIZE, truncation: Truncation = "error",
-                     progress: bool = False, max_length: int | None = None,
-                     distributed: bool | None = None) -> AttentionChange:
+                     texts: Sequence[Text] | None = None, *, trees: Sequence[Tree] | None = None,
+                     tokenizer_b: Any = None, corpus: CorpusOptions | None = None,
+                     **keywords: Any) -> AttentionChange:
     """Run both models on the same batches and sum, per head, how far their weights differ.
 
     Args:
@@ -251,8 +243,10 @@ def attention_change(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
         tokenizer: encodes the texts for both models; ``tokenizer_b`` (model B's own) is only
             checked to hold the same vocabulary.
         texts / trees: the corpus (as for :func:`~attnprobe.heads.census`).
-        scope, batch_size, truncation, progress, max_length, distributed: as for the census;
-            the length limit is the smaller of the two models'.
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name: scope, batch size, truncation, progress,
+            max length, distributed) as for the census; the length limit is the smaller of
+            the two models'. ``seed`` is unused (nothing is drawn).
 
     Returns:
         An :class:`AttentionChange`; ``.to_frame()`` gives one row per head.
@@ -268,14 +262,16 @@ def attention_change(model_a: nn.Module, model_b: nn.Module, tokenizer: Any,
         >>> change["rows"].tolist() == [17] * 8         # [BOS] + 16 query rows, per head
         True
     """
+    walk = CorpusOptions.merged(corpus, keywords, owner="attention_change()")
     check_pair(model_a, model_b, tokenizer, tokenizer_b)
     if (texts is None) == (trees is None):
         raise InputError("give texts or trees (not both)")
     texts = check_inputs(texts) if texts is not None else None  # strings or token ids
-    scope = model_scope(model_a, scope)
-    limit = common_max_length(model_a, model_b, tokenizer, tokenizer_b, max_length)
-    batches, _ = plan_batches(model_a, tokenizer, texts, trees=trees, batch_size=batch_size,
-                              truncation=truncation_mode(truncation), max_length=limit)
+    scope = model_scope(model_a, walk.scope)
+    limit = common_max_length(model_a, model_b, tokenizer, tokenizer_b, walk.max_length)
+    batches, _ = plan_batches(model_a, tokenizer, texts, trees=trees, batch_size=walk.batch(),
+                              truncation=walk.truncation_mode, max_length=limit)
     parts = run_sharded(ChangeRun(model_a, model_b, scope), batches,
-                        distributed=distributed, progress=progress, desc="attention change")
+                        distributed=walk.distributed, progress=walk.progress,
+                        desc="attention change")
     return sum(parts, AttentionChange())

@@ -30,15 +30,16 @@ from torch import nn
 
 from attnprobe.capture.context import capture
 from attnprobe.capture.parts import Reduce
-from attnprobe.capture.text import max_length_of, model_inputs
 from attnprobe.core.reducers import Tally
 from attnprobe.core.scope import ScopeLike
 from attnprobe.core.tokens import special_template, token_classes, vocabulary_ids
 from attnprobe.errors import InputError
 from attnprobe.heads.census_stats import CensusStats
+from attnprobe.inputs.text import max_length_of, model_inputs
 
-__all__ = ["DEFAULT_PROBE_LENGTH", "ProbeLimits", "probe_length", "probe_limits", "probe_tally",
-           "probe_vocabulary", "repeated_token_scores", "repeated_tokens", "trained_length"]
+__all__ = ["DEFAULT_PROBE_LENGTH", "ProbeLimits", "limits_within", "probe_length",
+           "probe_limits", "probe_tally", "probe_vocabulary", "repeated_token_scores",
+           "repeated_tokens", "trained_length"]
 
 DEFAULT_PROBE_LENGTH = 32  # tokens per copy; the input is 2 x this plus the template
 N_SEQUENCES = 4
@@ -87,7 +88,12 @@ class ProbeLimits:
 
 def probe_limits(model: nn.Module, tokenizer: Any) -> ProbeLimits:
     """The model's :class:`ProbeLimits`."""
-    positions = max_length_of(model, tokenizer)
+    return limits_within(model, max_length_of(model, tokenizer))
+
+
+def limits_within(model: nn.Module, positions: int | None) -> ProbeLimits:
+    """The model's :class:`ProbeLimits` when its ``positions`` (:func:`max_length_of`) are
+    already known."""
     trained = trained_length(model)
     if trained is None or (positions is not None and trained > positions):
         trained = positions
@@ -206,7 +212,7 @@ def repeated_token_scores(model: nn.Module, tokenizer: Any, *, length: int | Non
 def probe_tally(model: nn.Module, batch: dict[str, torch.Tensor], *,
                 classes: dict[str, torch.Tensor], scope: ScopeLike = "all") -> Tally:
     """The ``rep_*`` tally of a probe batch from :func:`repeated_tokens` (one forward)."""
-    stats = CensusStats(classes=classes, parts=frozenset({"match"}), prefix="rep_")
+    stats = CensusStats(classes=classes, groups=frozenset({"match"}), prefix="rep_")
     with torch.no_grad(), capture(model, scope, parts=[Reduce([stats])],
                                   stop_early=True) as cap:
         model(**model_inputs(model, batch))

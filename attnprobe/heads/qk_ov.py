@@ -1,7 +1,7 @@
 """QK and OV circuits of every head, read from the weights (Elhage et al. 2021).
 
 Follows [causal methods](../guide/causal-methods.md#qk-and-ov-circuits). **Row vectors**
-throughout (``x @ W``, TransformerLens' convention; :mod:`attnprobe.capture.head_weights`):
+throughout (``x @ W``, TransformerLens' convention; :mod:`attnprobe.weights.head_weights`):
 
 - ``W_QK[h] = W_Q[h] @ W_K[h]ᵀ`` ``[d_model, d_model]``: the score of query residual ``x_q``
   on key residual ``x_k`` is ``x_q @ W_QK @ x_kᵀ`` (before the ``1/sqrt(d_head)`` scale);
@@ -41,11 +41,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from attnprobe.capture.anatomy import Anatomy, anatomy
-from attnprobe.capture.head_weights import HeadWeights
 from attnprobe.core import html_view
 from attnprobe.core.display import describe, grid
 from attnprobe.errors import InputError
+from attnprobe.weights.anatomy import Anatomy, anatomy
+from attnprobe.weights.head_weights import HeadWeights
 
 __all__ = ["COLUMNS", "MAX_FULL", "Circuits", "Factored", "circuits", "copying_scores",
            "folded_weights"]
@@ -134,7 +134,7 @@ class Circuits:
 
     Attributes:
         model / family: the model's name and its anatomy family.
-        layers: per layer the folded :class:`~attnprobe.capture.head_weights.HeadWeights`
+        layers: per layer the folded :class:`~attnprobe.weights.head_weights.HeadWeights`
             indexed by query head (``W_Q [head, d_model, d_head]`` ...).
         kv_heads: per layer, the key/value head each query head reads.
         W_E: ``[vocab, d_model]``; W_U: ``[d_model, vocab]`` or None (no LM head).

@@ -27,9 +27,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from attnprobe.capture.anatomy import Anatomy, DecompositionError
 from attnprobe.core.scope import Scope
 from attnprobe.errors import HookNotFiredError
+from attnprobe.weights.anatomy import Anatomy, DecompositionError
 
 __all__ = ["VALUE_BIASES", "Component", "OutputWeights", "Record", "ValueBias",
            "check_residual", "contributions", "recording", "tolerance"]

@@ -32,16 +32,18 @@ from torch import nn
 from attnprobe.capture.context import capture
 from attnprobe.capture.info import model_scope
 from attnprobe.capture.parts import Reduce
-from attnprobe.capture.text import (
+from attnprobe.core.corpus_options import CorpusOptions
+from attnprobe.core.display import counted, describe
+from attnprobe.core.distributed import run_sharded
+from attnprobe.core.reducers import REDUCERS, Sums, Tally
+from attnprobe.core.row_blocks import RowBlock
+from attnprobe.core.scope import Scope
+from attnprobe.errors import InputError
+from attnprobe.heads.copy_steps import CopySteps, CopyTask, as_copy_steps
+from attnprobe.inputs.text import (
     DEFAULT_BATCH_SIZE,
     Truncation,
 )
-from attnprobe.core.display import counted, describe
-from attnprobe.core.distributed import run_sharded
-from attnprobe.core.reducers import REDUCERS, RowBlock, Sums, Tally
-from attnprobe.core.scope import Scope, ScopeLike
-from attnprobe.errors import InputError
-from attnprobe.heads.copy_steps import CopySteps, CopyTask, as_copy_steps
 
 __all__ = ["ACCURACY_COLUMNS", "COLUMNS", "RetrievalHits", "copy_accuracy", "retrieval_scores"]
 
@@ -133,10 +135,8 @@ def _retrieval_batch(model: nn.Module, scope: Scope, copied_only: bool,
 
 
 def retrieval_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str] | CopyTask, *,
-                     scope: ScopeLike = "all", batch_size: int = DEFAULT_BATCH_SIZE,
-                     truncation: Truncation = "error", seed: int = 0, progress: bool = False,
-                     distributed: bool | None = None, min_match: int = 4,
-                     copied_only: bool = False) -> pd.DataFrame:
+                     min_match: int = 4, copied_only: bool = False,
+                     corpus: CorpusOptions | None = None, **keywords: Any) -> pd.DataFrame:
     """The retrieval score of every head in ``scope`` over the copy steps of ``texts``.
 
     Args:
@@ -144,13 +144,15 @@ def retrieval_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str] | Co
             copy steps are found by :func:`find_copy_steps` (``min_match``
             tokens), or a :class:`CopyTask` that names them (e.g.
             :func:`attnprobe.tasks.needle.needle_task`).
-        batch_size: examples per forward.
-        truncation: ``"error"`` (an example longer than the model's positions is a one-line
-            error) or ``"skip"`` (left out; listed in ``frame.attrs["skipped"]``).
-        seed: unused (nothing is drawn); accepted for the shared corpus signature.
         copied_only: count a head's hit only where the model's greedy next token is the
             copied one (Wu et al.; one extra forward per batch for the logits).
-        distributed: split batches over an initialised ``torch.distributed`` group.
+        corpus / keywords: the corpus options (:class:`~attnprobe.core.corpus_options.
+            CorpusOptions`, or its fields by name): ``scope``; ``batch_size``, examples per
+            forward; ``truncation``, ``"error"`` (an example longer than the model's
+            positions is a one-line error) or ``"skip"`` (left out; listed in
+            ``frame.attrs["skipped"]``); ``progress``; ``distributed``, split batches over
+            an initialised ``torch.distributed`` group; ``seed`` is unused (nothing is
+            drawn). ``max_length`` is refused: the copy steps run whole.
 
     Returns:
         One row per head (:data:`COLUMNS`): ``retrieval`` in [0, 1] and ``copy_steps``, the
@@ -164,12 +166,16 @@ def retrieval_scores(model: nn.Module, tokenizer: Any, texts: Sequence[str] | Co
         (8, 56)
         >>> scores.query("retrieval > 0.1")             # the copying heads
     """
-    del seed  # deterministic: every copy step is used
-    scope = model_scope(model, scope)
-    steps = as_copy_steps(model, tokenizer, texts, truncation=truncation, min_match=min_match)
+    walk = CorpusOptions.merged(corpus, keywords, owner="retrieval_scores()")
+    if walk.max_length is not None:  # a cut copy step would score a different task
+        raise InputError("retrieval_scores takes no max_length: copy steps run whole "
+                         "(truncation='skip' leaves the long examples out)")
+    scope = model_scope(model, walk.scope)
+    steps = as_copy_steps(model, tokenizer, texts, truncation=walk.truncation,
+                          min_match=min_match)
     parts = run_sharded(partial(_retrieval_batch, model, scope, bool(copied_only)),
-                        steps.batches(batch_size), distributed=distributed, progress=progress,
-                        desc="retrieval")
+                        steps.batches(walk.batch()), distributed=walk.distributed,
+                        progress=walk.progress, desc="retrieval")
     tally = Tally()
     for part in parts:  # in batch order, whatever the number of ranks
         tally = tally + part

@@ -168,7 +168,7 @@ def cluster_heads(distances: HeadDistances, n_clusters: int = 6) -> pd.DataFrame
 
     Example:
         >>> census = ap.heads.census(lm, lm_tok, [prompt])   # keeps the head distances
-        >>> groups = cluster_heads(census.part.distances, n_clusters=3)
+        >>> groups = cluster_heads(census.sums.distances, n_clusters=3)
         >>> len(groups), bool(groups["cluster"].between(1, 3).all())  # 8 heads; 1..3
         (8, True)
         >>> groups[["head_id", "cluster", "x", "y"]]

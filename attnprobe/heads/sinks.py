@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnprobe.core.reducers import RowBlock
-from attnprobe.core.row_blocks import SeenPairs, seen_pairs
+from attnprobe.core.row_blocks import RowBlock, SeenPairs, seen_pairs
 from attnprobe.core.row_max import row_max
 from attnprobe.errors import InputError
 

@@ -1,7 +1,7 @@
 """One block of attention rows and what the census statistics share, each computed once.
 
 The census reads about thirty numbers per head off every block of weights the capture hands
-over (:class:`~attnprobe.core.reducers.RowBlock`, ``[batch, head, query, key]``). Computed
+over (:class:`~attnprobe.core.row_blocks.RowBlock`, ``[batch, head, query, key]``). Computed
 one statistic at a time they would cost as much as the forward itself, so each statistic
 (:mod:`attnprobe.heads.stats`) reads from one :class:`Tile` whose quantities are computed on
 first use and kept: the row entropies and maxima, the weight at each relative offset, the
@@ -27,8 +27,7 @@ from functools import cached_property
 import torch
 
 from attnprobe.core.divergence import entropy
-from attnprobe.core.reducers import RowBlock
-from attnprobe.core.row_blocks import KeyRule, SeenPairs, key_rule
+from attnprobe.core.row_blocks import KeyRule, RowBlock, SeenPairs, key_rule
 from attnprobe.core.row_max import row_max
 from attnprobe.heads.sinks import SinkRule, SinkView, aligned, sink_view
 

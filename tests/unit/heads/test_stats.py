@@ -1,7 +1,6 @@
 """The statistics pipeline: each statistic declares its columns and scores, the tables are
 derived from the declarations, and a new score is one statistic plus one rule."""
 
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -11,11 +10,10 @@ import torch
 import attnprobe as ap
 from attnprobe.heads import CensusStats, RowBlock, Tally
 from attnprobe.heads.label_rules import RULES, rule
-from attnprobe.heads.scores import SCORE_MARKERS, score_markdown, wide_scores
+from attnprobe.heads.scores import wide_scores
 from attnprobe.heads.stats import SCORES, STATS, Column, Stat, score_columns
 from attnprobe.heads.stats.base import register_means
 
-README = Path(__file__).resolve().parents[3] / "README.md"
 SPECIAL = 0
 
 
@@ -69,7 +67,7 @@ def copies_by_loop(block, name):
 def test_copies_read_at_the_matching_pairs_equal_a_loop_over_rows_and_keys(name):
     block = left_padded_block()
     sums, rows = CensusStats(classes={"special": torch.tensor([SPECIAL])},
-                             parts=frozenset({"match"}))(block)[name]
+                             groups=frozenset({"match"}))(block)[name]
     want_sums, want_rows = copies_by_loop(block, name)
     assert rows.tolist() == want_rows.tolist()
     np.testing.assert_allclose(sums.numpy(), want_sums, rtol=1e-5)
@@ -86,13 +84,6 @@ def test_the_wide_table_follows_the_declared_score_order():
     declared = list(score_columns())
     assert scores == sorted(scores, key=declared.index)  # every column declared, in order
     assert {"entropy", "prev", "sink", "duplicate", "duplicate_rows"} <= set(scores)
-
-
-def test_the_readme_score_table_is_the_declarations():
-    text = README.read_text()
-    start, end = (text.index(marker) for marker in SCORE_MARKERS)
-    assert text[start:end + len(SCORE_MARKERS[1])] == score_markdown(), \
-        "run make readme"
 
 
 class LastKey(Stat):

@@ -3,7 +3,7 @@
 import torch
 
 from attnprobe.core.divergence import entropy
-from attnprobe.core.reducers import RowBlock
+from attnprobe.core.row_blocks import RowBlock
 from attnprobe.heads.census_stats import CensusStats
 from attnprobe.heads.stats.copies import matching_pairs
 from attnprobe.heads.tile import Tile, TileSpec
@@ -46,6 +46,6 @@ def test_a_causal_block_of_rows_reads_offsets_and_distances_from_positions():
             assert torch.equal(at[0, :, q, i], want)
     rel = (block.key_pos[:, None, :] - block.query_pos[:, :, None]).abs().float()
     expected = (block.pattern * rel[:, None]).sum((0, 2, 3), dtype=torch.float64)
-    distance = CensusStats(parts=frozenset({"offsets"}))(block)["distance"]
+    distance = CensusStats(groups=frozenset({"offsets"}))(block)["distance"]
     assert torch.allclose(distance, expected, rtol=1e-5)
     assert torch.allclose(tile.entropy, entropy(block.pattern), atol=1e-6)  # vectorised log

@@ -14,8 +14,8 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import attnprobe as ap
-from attnprobe.capture.text import encode, filler_id
 from attnprobe.errors import InputError
+from attnprobe.inputs.text import encode, filler_id
 from attnprobe.types import MAP_COLUMNS
 from tests.conftest import track
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert

@@ -1,6 +1,6 @@
 """Text in, model inputs out: the one path every corpus analysis takes from texts to batches.
 
-- A text is a string or token ids (:mod:`attnprobe.capture.token_ids`: lists of ids, a 2-D
+- A text is a string or token ids (:mod:`attnprobe.inputs.token_ids`: lists of ids, a 2-D
   id tensor, a tokenizer output); ids are given to the model exactly as they are.
 - A string with a tab is a **sentence pair** ``a<TAB>b``, encoded the tokenizer's way
   (``[CLS] a [SEP] b [SEP]`` for BERT), when the tokenizer has a pair template
@@ -32,8 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnprobe.capture.length_limit import NO_LIMIT, max_length_of, token_limit
-from attnprobe.capture.token_ids import Text, TokenIds, check_inputs, input_vocab_size
 from attnprobe.core.corpus_options import (
     DEFAULT_BATCH_SIZE,
     TRUNCATIONS,
@@ -43,6 +41,8 @@ from attnprobe.core.corpus_options import (
 from attnprobe.core.display import counted, describe
 from attnprobe.core.tokens import has_pair_template, special_ids
 from attnprobe.errors import InputError
+from attnprobe.inputs.length_limit import NO_LIMIT, max_length_of, token_limit
+from attnprobe.inputs.token_ids import Text, TokenIds, check_inputs, input_vocab_size
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",

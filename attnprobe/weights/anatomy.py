@@ -5,7 +5,7 @@ stream is a plain sum: ``resid = embed + Σ_layers (attn(norm1(resid)) [+ mlp(no
 ``logits = final_norm(resid) @ W_U + b_U``. An :class:`Anatomy` names, for such a model, the
 module whose input is the embedded residual (the first block), per layer the attention
 module, its output projection (whose *input* is the heads' outputs ``z``, head-major), the
-pre-attention norm, the per-head weights (:class:`~attnprobe.capture.head_weights.
+pre-attention norm, the per-head weights (:class:`~attnprobe.weights.head_weights.
 HeadWeights`) and the MLP, and the embedding, the final norm and the unembedding.
 
 Families are found by **module structure**, not by a list of names; each is an entry of
@@ -38,7 +38,9 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from attnprobe.capture.head_weights import (
+from attnprobe.core.registry import Registry
+from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.weights.head_weights import (
     HeadWeights,
     NormSpec,
     read_norm,
@@ -46,8 +48,6 @@ from attnprobe.capture.head_weights import (
     split_in,
     split_out,
 )
-from attnprobe.core.registry import Registry
-from attnprobe.errors import AttnProbeError, InputError
 
 __all__ = ["ANATOMIES", "REFUSALS", "Anatomy", "DecompositionError", "Layer", "anatomy"]
 
@@ -112,7 +112,7 @@ class Anatomy:
 
     @cached_property
     def final_spec(self) -> NormSpec:
-        """The final norm, read by :func:`~attnprobe.capture.head_weights.read_norm`."""
+        """The final norm, read by :func:`~attnprobe.weights.head_weights.read_norm`."""
         return read_norm(self.final_norm, self.d_model, "the final norm")
 
     def norm_spec(self, layer: int) -> NormSpec:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from attnprobe import load_maps
-from attnprobe.capture.text import encode
 from attnprobe.core.tokens import has_pair_template
+from attnprobe.inputs.text import encode
 from tests.helpers import bert_tokenizer, bert_vocab, run_cli, tiny_bert
 from tests.integration.bpe_models import bpe_lm, bpe_tokenizer, save_bpe_lm
 

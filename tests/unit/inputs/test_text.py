@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnprobe as ap
-from attnprobe.capture.text import encode, pad_rows, token_rows
+from attnprobe.inputs.text import encode, pad_rows, token_rows
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert
 
 TEXTS = ["the cat\ta dog", "the mat", "red\tbig red cat"]
