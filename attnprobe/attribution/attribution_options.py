@@ -9,19 +9,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from torch import nn
 
-from attnprobe.errors import InputError
+from attnprobe.core.corpus_options import AnalysisOptions
 
 __all__ = ["ATTRIBUTION_FIELDS", "AttributionOptions"]
 
 
 @dataclass(frozen=True)
-class AttributionOptions:
+class AttributionOptions(AnalysisOptions):
     """The attribution's own options (the corpus options — batch size, max length,
     truncation, seed, budget, progress — are its
     :class:`~attnprobe.core.corpus_options.CorpusOptions`).
@@ -34,19 +33,11 @@ class AttributionOptions:
             wrong.
     """
 
+    owner: ClassVar[str] = "attribute()"
+
     n_steps: int = 50
     internal_batch_size: int | None = None
     embedding: nn.Module | str | None = None
-
-    def with_keywords(self, keywords: Mapping[str, Any], owner: str = "attribute()"
-                      ) -> AttributionOptions:
-        """These options with ``keywords`` (option names) replaced; an unknown name is an
-        InputError naming the options."""
-        unknown = sorted(set(keywords) - set(ATTRIBUTION_FIELDS))
-        if unknown:
-            raise InputError(f"{owner} got unknown option(s) {', '.join(unknown)}; the "
-                             f"options are {', '.join(ATTRIBUTION_FIELDS)}")
-        return replace(self, **keywords) if keywords else self
 
 
 ATTRIBUTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AttributionOptions))

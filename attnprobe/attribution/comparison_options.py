@@ -9,17 +9,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
-from attnprobe.errors import InputError
+from attnprobe.core.corpus_options import AnalysisOptions
 
 __all__ = ["COMPARISON_FIELDS", "ComparisonOptions"]
 
 
 @dataclass(frozen=True)
-class ComparisonOptions:
+class ComparisonOptions(AnalysisOptions):
     """The comparison's own options (the corpus options — scope, batch size, max length,
     truncation, seed, progress, distributed — are its
     :class:`~attnprobe.core.corpus_options.CorpusOptions`).
@@ -39,21 +38,14 @@ class ComparisonOptions:
             the most likely one.
     """
 
+    owner: ClassVar[str] = "compare()"
+
     query: str | int = "auto"
     top_k: int | None = None
     drop_special: bool = True
     n_steps: int = 50
     generate: int | None = None
     sample: bool = False
-
-    def with_keywords(self, keywords: Mapping[str, Any]) -> ComparisonOptions:
-        """These options with ``keywords`` (option names) replaced; an unknown name is an
-        InputError naming the options."""
-        unknown = sorted(set(keywords) - set(COMPARISON_FIELDS))
-        if unknown:
-            raise InputError(f"compare() got unknown option(s) {', '.join(unknown)}; the "
-                             f"options are {', '.join(COMPARISON_FIELDS)}")
-        return replace(self, **keywords) if keywords else self
 
 
 COMPARISON_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ComparisonOptions))

@@ -24,14 +24,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from attnprobe.core.checks import check_number
 from attnprobe.core.registry import one_of
 from attnprobe.errors import InputError
 
-__all__ = ["CORPUS_FIELDS", "DEFAULT_BATCH_SIZE", "TRUNCATIONS", "CorpusOptions", "Truncation",
-           "truncation_mode"]
+__all__ = ["CORPUS_FIELDS", "DEFAULT_BATCH_SIZE", "TRUNCATIONS", "AnalysisOptions", "CorpusOptions",
+           "Truncation", "truncation_mode"]
 
 DEFAULT_BATCH_SIZE = 16  # texts per forward, the same default for every corpus analysis
 Truncation = Literal["error", "cut", "skip"] | bool
@@ -133,3 +133,23 @@ class CorpusOptions:
 
 
 CORPUS_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CorpusOptions))
+
+
+class AnalysisOptions:
+    """Base of an analysis's own frozen options dataclass (``CensusOptions``,
+    ``ReportOptions`` ...): its keyword form, ``census(..., similarity=False)``.
+
+    A subclass sets :attr:`owner`, the call named in the error for an unknown keyword.
+    """
+
+    owner: ClassVar[str] = "this analysis"
+
+    def with_keywords(self, keywords: Mapping[str, Any], owner: str | None = None) -> Any:
+        """These options with ``keywords`` (option names) replaced; an unknown name is an
+        InputError naming the options."""
+        known = sorted(f.name for f in fields(self))  # type: ignore[arg-type]
+        unknown = sorted(set(keywords) - set(known))
+        if unknown:
+            raise InputError(f"{owner or self.owner} got unknown option(s) "
+                             f"{', '.join(unknown)}; the options are {', '.join(known)}")
+        return dataclasses.replace(self, **keywords) if keywords else self  # type: ignore

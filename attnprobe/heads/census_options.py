@@ -10,9 +10,10 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from attnprobe.core.corpus_options import AnalysisOptions
 from attnprobe.errors import InputError
 from attnprobe.heads.dependencies import MIN_COUNT
 from attnprobe.heads.scores import DEFAULT_MAX_OFFSET
@@ -27,7 +28,7 @@ def _positive_or_none(name: str, value: object, what: str) -> None:
 
 
 @dataclass(frozen=True)
-class CensusOptions:
+class CensusOptions(AnalysisOptions):
     """The census's own options (the corpus options — scope, batch size, max length,
     truncation, seed, progress, distributed — are its
     :class:`~attnprobe.core.corpus_options.CorpusOptions`).
@@ -58,6 +59,8 @@ class CensusOptions:
             block of rows then costs O(length) statistics).
     """
 
+    owner: ClassVar[str] = "census()"
+
     syntax: bool | None = None
     similarity: bool = True
     similarity_rows: int | None = 16
@@ -75,13 +78,3 @@ class CensusOptions:
         if self.probe_length is not None and not self.repeated:
             raise InputError("probe_length needs the repeated-token probe; drop "
                              "repeated=False")
-
-    def with_keywords(self, keywords: dict[str, Any]) -> CensusOptions:
-        """These options with ``keywords`` (option names) replaced: the census's keyword
-        form, ``census(..., similarity=False)``."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(keywords) - known)
-        if unknown:
-            raise InputError(f"census() got unknown option(s) {', '.join(unknown)}; the "
-                             f"options are {', '.join(sorted(known))}")
-        return replace(self, **keywords) if keywords else self

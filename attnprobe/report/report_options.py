@@ -11,19 +11,19 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 from attnprobe.core.checks import check_number
+from attnprobe.core.corpus_options import AnalysisOptions
 from attnprobe.core.metric import MetricFn, Positions
-from attnprobe.errors import InputError
 from attnprobe.report.causal import DEFAULT_CAUSAL_TEXTS
 
 __all__ = ["REPORT_FIELDS", "ReportOptions"]
 
 
 @dataclass(frozen=True)
-class ReportOptions:
+class ReportOptions(AnalysisOptions):
     """The report's own options (the corpus options — scope, batch size, max length,
     truncation, seed, progress, distributed — are its
     :class:`~attnprobe.core.corpus_options.CorpusOptions`); checked when built.
@@ -73,6 +73,8 @@ class ReportOptions:
         title: the page title.
     """
 
+    owner: ClassVar[str] = "from_model()"
+
     syntax: bool = False
     view_texts: int = 3
     target: Any = None
@@ -95,15 +97,6 @@ class ReportOptions:
     def __post_init__(self) -> None:
         check_number("view_texts", self.view_texts, integer=True, minimum=1)
         check_number("causal_texts", self.causal_texts, integer=True, minimum=1)
-
-    def with_keywords(self, keywords: Mapping[str, Any]) -> ReportOptions:
-        """These options with ``keywords`` (option names) replaced; an unknown name is an
-        InputError naming the options."""
-        unknown = sorted(set(keywords) - set(REPORT_FIELDS))
-        if unknown:
-            raise InputError(f"from_model() got unknown option(s) {', '.join(unknown)}; the "
-                             f"options are {', '.join(REPORT_FIELDS)}")
-        return replace(self, **keywords) if keywords else self
 
 
 REPORT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ReportOptions))
