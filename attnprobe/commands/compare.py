@@ -83,10 +83,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``compare`` to the ``attnprobe`` sub-command parsers."""
     from attnprobe.attribution.comparison import DEFAULT_METHODS, DEFAULT_VIEWS
+    from attnprobe.attribution.method_base import METHODS
     from attnprobe.attribution.metrics import METRICS
     from attnprobe.attribution.view_base import VIEWS
 
     others = [name for name in VIEWS.names() if name not in DEFAULT_VIEWS]
+    other_methods = [name for name in METHODS.names() if name not in DEFAULT_METHODS]
     parser = sub.add_parser("compare", help="attention views vs gradient attributions",
                             epilog=_example(METRICS),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,7 +97,8 @@ def register(sub: Any) -> None:
                         help="what to explain: class:K, prob:K, next-token[:ID], "
                              "similarity:TEXT")
     parser.add_argument("--methods", type=names, default=list(DEFAULT_METHODS),
-                        help=f"attribution methods (default {','.join(DEFAULT_METHODS)})")
+                        help=f"attribution methods (default {','.join(DEFAULT_METHODS)}; also "
+                             f"{','.join(other_methods) or 'none'})")
     parser.add_argument("--views", type=names, default=list(DEFAULT_VIEWS),
                         help=f"attention views (default {','.join(DEFAULT_VIEWS)}; also "
                              f"{','.join(others) or 'none'})")

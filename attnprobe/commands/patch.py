@@ -26,7 +26,7 @@ from attnprobe.commands.common import (
 )
 from attnprobe.core.experiments import experiment_lines
 from attnprobe.core.files import check_outputs
-from attnprobe.core.metric_kind import metric_help
+from attnprobe.core.metric_kind import metric_forms, metric_help
 from attnprobe.core.options import CliOption, option_flag, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
 from attnprobe.errors import AttnProbeError
@@ -61,8 +61,7 @@ the patch restores (destroys) the whole difference. Clean and corrupted input i 
 to one length. Sites: output, q, k, v need a transformers model using the attention interface
 (LLaMA, GPT-2, BERT, Qwen2, ...) or a reference model; GPT-Neo, Bloom, DeBERTa ... serve
 pattern only.
---metric: logit:T, prob:T, logprob:T, logit_diff:A,B, loss, logit:next (prob:next ...),
-next-token (the clean run's top token); --metric-positions (last, all, or 0,3,-1) says where
+--metric: {metrics}; --metric-positions (last, all, or 0,3,-1) says where
 it is read. Scopes: {scopes}; a repeated --scope merges.
 Writes one row per example and patch: experiment, example_id, layer, head, position, site,
 direction, metric, clean, corrupt, patched, effect (path: + sender_layer, sender_head,
@@ -160,7 +159,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``patch`` to the ``attnprobe`` sub-command parsers."""
     epilog = PATCH_EXAMPLE.format(scopes=SCOPE_FORMS, experiments=experiment_lines(EXPERIMENTS),
-                                  estimators="/".join(_estimators()))
+                                  estimators="/".join(_estimators()), metrics=metric_forms())
     parser = sub.add_parser("patch", help="activation, path and attribution patching of heads, "
                             "residual-stream and MLP patching (clean vs corrupted inputs)",
                             epilog=epilog,

@@ -21,7 +21,7 @@ from attnprobe.commands.common import (
     wrote,
 )
 from attnprobe.core.experiments import experiment_lines
-from attnprobe.core.metric_kind import metric_help
+from attnprobe.core.metric_kind import metric_forms, metric_help
 from attnprobe.core.options import CliOption, registered_options
 from attnprobe.core.scope import SCOPE_FORMS
 from attnprobe.perturb.job import EXPERIMENTS, SWEEPS
@@ -51,8 +51,7 @@ knockout's --edges: to:POSITIONS, from:POSITIONS, last-to:POSITIONS, edge:Q>K[,Q
 count each text's real tokens, -1 or last = the last one; a token's edge to itself is kept by
 the named kinds.
 --metric: next-token (default: the distributional change of the output: tvd, jsd, flip,
-top_prob) or one number per text read before and after the perturbation: logit:T, prob:T,
-logprob:T, logit_diff:A,B, loss, logit:next (prob:next, logprob:next), next-token:ID; tokens
+top_prob) or one number per text read before and after the perturbation: {metrics}; tokens
 are one token's string or its id. --positions (last, all, or a list such as 0,3,-1) says
 where it is read. {metric_takers} take a metric.
 Scopes: {scopes}; a repeated --scope merges.
@@ -83,7 +82,7 @@ def _epilog() -> str:
     return PERTURB_EXAMPLE.format(
         scopes=SCOPE_FORMS, experiments=experiment_lines(EXPERIMENTS),
         metric_takers=f"{', '.join(takers[:-1])} and {takers[-1]}",
-        sweepers=", ".join(_sweepers()))
+        sweepers=", ".join(_sweepers()), metrics=metric_forms())
 
 
 def _sweepers() -> list[str]:
