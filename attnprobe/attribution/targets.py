@@ -37,7 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnprobe.core.checks import check_per_example
 from attnprobe.core.metric_tokens import resolve_token
+from attnprobe.core.positions import batch_rows
 from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 from attnprobe.inputs.text import encode, model_inputs
@@ -88,15 +90,8 @@ class Target:
         if self.choose is not None or self.fn is None:
             raise InputError(f"target {self.spec!r} is not fixed yet: call "
                              "target.fixed(output, inputs) on the unperturbed forward first")
-        value = self.fn(output, inputs)
-        if not isinstance(value, torch.Tensor):
-            raise InputError(f"target {self.spec!r} returned {type(value).__name__}; a target "
-                             "returns a tensor [batch], one scalar per example")
-        batch = _batch_size(inputs)
-        if value.ndim != 1 or (batch is not None and value.shape[0] != batch):
-            raise InputError(f"target {self.spec!r} returned shape {tuple(value.shape)}; a "
-                             f"target returns one scalar per example, shape [{batch}]")
-        return value
+        return check_per_example(self.fn(output, inputs), what="target", spec=self.spec,
+                                 rows=batch_rows(inputs), unit="scalar")
 
 
 Builder = Callable[[str, nn.Module, Any], Target]
@@ -146,11 +141,6 @@ def parse_target(spec: str | Target | Callable[[Any, Inputs], torch.Tensor], mod
 
 
 # ---------------------------------------------------------------------------- reading outputs
-def _batch_size(inputs: Inputs) -> int | None:
-    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
-    return int(ids.shape[0]) if isinstance(ids, torch.Tensor) else None
-
-
 def _first_tensor(output: Any) -> torch.Tensor | None:
     if isinstance(output, torch.Tensor):
         return output

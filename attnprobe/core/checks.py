@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from attnprobe.errors import InputError
 
-__all__ = ["check_eval", "check_number", "check_positive_ints"]
+__all__ = ["check_eval", "check_number", "check_per_example", "check_positive_ints"]
 
 
 def check_number(name: str, value: Any, *, integer: bool, minimum: float,
@@ -39,3 +41,17 @@ def check_eval(model: Any) -> None:
     if any(m.training for m in model.modules()):
         raise InputError("the model is in training mode (dropout makes every number random): "
                          "call model.eval()")
+
+
+def check_per_example(value: Any, *, what: str, spec: str, rows: int | None,
+                      unit: str) -> Any:
+    """``value`` if it is a tensor ``[rows]`` (one ``unit`` per example); else an InputError
+    naming what ``what`` (``"metric"``, ``"target"``) ``spec`` returned. Shared by metrics and
+    attribution targets, which both read one number per example off a forward."""
+    if not isinstance(value, torch.Tensor):
+        raise InputError(f"{what} {spec!r} returned {type(value).__name__}; a {what} returns "
+                         f"a tensor [batch], one {unit} per example")
+    if value.ndim != 1 or (rows is not None and value.shape[0] != rows):
+        raise InputError(f"{what} {spec!r} returned shape {tuple(value.shape)}; a {what} "
+                         f"returns one {unit} per example, shape [{rows}]")
+    return value

@@ -151,5 +151,6 @@ class AnalysisOptions:
         unknown = sorted(set(keywords) - set(known))
         if unknown:
             raise InputError(f"{owner or self.owner} got unknown option(s) "
-                             f"{', '.join(unknown)}; the options are {', '.join(known)}")
+                             f"{', '.join(unknown)}; the options are {', '.join(known)} (corpus "
+                             f"options: {', '.join(CORPUS_FIELDS)})")
         return dataclasses.replace(self, **keywords) if keywords else self  # type: ignore

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from attnprobe.core.checks import check_per_example
 from attnprobe.core.metric_reading import LogitTerms
 from attnprobe.core.metric_tokens import Resolved
 from attnprobe.core.positions import Batch, batch_rows
@@ -84,15 +85,8 @@ class Metric:
         if self.choose is not None or self.fn is None:
             raise InputError(f"metric {self.spec!r} is not fixed yet: call metric.fixed(output, "
                              "batch) on the reference run first")
-        value = self.fn(output, batch)
-        if not isinstance(value, torch.Tensor):
-            raise InputError(f"metric {self.spec!r} returned {type(value).__name__}; a metric "
-                             "returns a tensor [batch], one number per example")
-        n = batch_rows(batch)
-        if value.ndim != 1 or (n is not None and value.shape[0] != n):
-            raise InputError(f"metric {self.spec!r} returned shape {tuple(value.shape)}; a "
-                             f"metric returns one number per example, shape [{n}]")
-        return value
+        return check_per_example(self.fn(output, batch), what="metric", spec=self.spec,
+                                 rows=batch_rows(batch), unit="number")
 
     def logit_terms(self, batch: Batch) -> LogitTerms:
         """The logits this metric sums on ``batch`` (linear metrics only)."""
