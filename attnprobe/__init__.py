@@ -39,7 +39,7 @@ from attnprobe.types import (
 )
 
 # Sub-packages loaded on first use (a light `import attnprobe`, not a way around a cycle).
-_ON_USE = ("attribution", "models", "patch", "perturb", "plot", "report", "tasks")
+_ON_USE = ("attribution", "faithfulness", "models", "patch", "perturb", "plot", "report", "tasks")
 # Modules of the ground floor that are public too (``ap.types.MAP_COLUMNS``, ``ap.errors``).
 _MODULES = ("core", "errors", "types")
 
@@ -62,6 +62,7 @@ __all__ = [
     "capture",
     "count_hooks",
     "extract",
+    "faithfulness",
     "head_id",
     "head_stats",
     "heads",
