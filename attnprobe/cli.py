@@ -1,4 +1,5 @@
-"""The ``attnprobe`` command: models, extract, heads, syntax, compare, perturb, patch, report.
+"""The ``attnprobe`` command: models, extract, heads, syntax, compare, faithfulness, perturb,
+patch, report.
 
 Every command exits non-zero with a one-line message on bad input (2; 130 on Ctrl-C, also
 while the command starts: :mod:`attnprobe.core.interrupt`). Each
@@ -13,7 +14,17 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.commands import compare, diff, extract, heads, models, patch, perturb, report
+from attnprobe.commands import (
+    compare,
+    diff,
+    extract,
+    faithfulness,
+    heads,
+    models,
+    patch,
+    perturb,
+    report,
+)
 from attnprobe.commands.common import Parser, distributed_group
 from attnprobe.core.interrupt import EXIT_INTERRUPTED, INTERRUPTED, end_startup
 from attnprobe.core.version import __version__
@@ -21,7 +32,7 @@ from attnprobe.errors import AttnProbeError
 
 __all__ = ["COMMANDS", "build_parser", "distributed_group", "main", "show_warning"]
 
-COMMANDS = (models, extract, heads, compare, perturb, patch, report, diff)
+COMMANDS = (models, extract, heads, compare, faithfulness, perturb, patch, report, diff)
 
 
 def build_parser() -> Parser:

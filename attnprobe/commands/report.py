@@ -41,24 +41,25 @@ REPORT_EXAMPLE = """examples:
       --metric logit:next --metric-positions all --out r.html      # + patching
 
 The page holds the model card, every head's label and scores (head grid, layer profile,
-clusters), an interactive attention view and model view of the first --view-texts texts,
-the syntax table with --syntax (relations of at least 20 words), attention vs attributions
-with --target and the effect of a perturbation with --perturb (figures; both computed on the
---view-texts texts, which the page says). The views read the row --query says (auto: the
-last real token of a causal model, [CLS] of an encoder). With --generate N (causal language
-models) the shown texts are prompts continued by N tokens: the attention view covers prompt +
-generated tokens (the generated ones marked) and --target next-token explains every generated
-token. Pre-norm language models whose layout attnprobe knows (GPT-2, LLaMA-layout decoders,
-the reference models; not MiniLM or BERT) also get the direct logit attribution of logit:next
-at every position of the first --causal-texts texts (layer x head, top heads) and the Q/K/V
-composition of their heads over the random baseline (from the weights); --no-logit-attribution
-and --no-composition leave them out. With --corrupt-file (one corrupted text per text, each of
-the same token length) the page adds a patching experiment (--patch: heads, path or
-attribution; options as for `attnprobe patch`) on the first --causal-texts pairs, measuring
---metric (default logit:next: the clean text's next token, read in every run) at
---metric-positions (default: every position with a next token for logit:next and loss, the
-last for other metrics). Texts of one token have no next token: the causal sections leave
-them out and say so. It needs no network: open it from disk.
+clusters), an interactive attention view and model view of the first --view-texts texts, the
+syntax table with --syntax (relations of at least 20 words), attention vs attributions with
+--target (with --faithfulness also which of them the model agrees with: erasure tests, ranked
+with confidence intervals) and the effect of a perturbation with --perturb (figures; all
+computed on the --view-texts texts, which the page says). The views read the row --query says
+(auto: the last real token of a causal model, [CLS] of an encoder). With --generate N (causal
+language models) the shown texts are prompts continued by N tokens: the attention view covers
+prompt + generated tokens (the generated ones marked) and --target next-token explains every
+generated token. Pre-norm language models whose layout attnprobe knows (GPT-2, LLaMA-layout
+decoders, the reference models; not MiniLM or BERT) also get the direct logit attribution of
+logit:next at every position of the first --causal-texts texts (layer x head, top heads) and
+the Q/K/V composition of their heads over the random baseline (from the weights);
+--no-logit-attribution and --no-composition leave them out. With --corrupt-file (one
+corrupted text per text, each of the same token length) the page adds a patching experiment
+(--patch: heads, path or attribution; options as for `attnprobe patch`) on the first
+--causal-texts pairs, measuring --metric (default logit:next: the clean text's next token,
+read in every run) at --metric-positions (default: every position with a next token for
+logit:next and loss, the last for other metrics). Texts of one token have no next token: the
+causal sections leave them out and say so. It needs no network: open it from disk.
 """
 
 
@@ -82,7 +83,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     with distributed_group(args.distributed) as (rank, world):
         page = from_model(model, tokenizer, texts, corpus=corpus_of(args, world=world),
                           syntax=args.syntax, view_texts=args.view_texts, target=args.target,
-                          n_steps=args.n_steps, query=args.query, perturb=args.perturb,
+                          n_steps=args.n_steps, faithfulness=args.faithfulness,
+                          query=args.query, perturb=args.perturb,
                           logit_attribution=args.logit_attribution,
                           composition=args.composition, causal_texts=args.causal_texts,
                           title=args.title, **generation, **patching)
@@ -158,6 +160,10 @@ def register(sub: Any) -> None:
     parser.add_argument("--target",
                         help="also compare attention with attributions on the shown texts "
                              "(class:K, next-token, similarity:TEXT ...)")
+    parser.add_argument("--faithfulness", action="store_true",
+                        help="with --target: also test which of the compared sources the "
+                             "model agrees with (erasure tests on the shown texts: ranked "
+                             "summary with CIs, deletion curves)")
     parser.add_argument("--n-steps", type=positive, default=20,
                         help="Integrated Gradients steps for --target (default 20)")
     parser.add_argument("--query", type=query_value, default="auto",

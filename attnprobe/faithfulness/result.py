@@ -81,10 +81,11 @@ class Faithfulness:
     def summary(self, *, level: float = 0.95, n_boot: int = 1000) -> pd.DataFrame:
         """Per source, the mean over examples of each of ``SUMMARY_METRICS`` with a
         percentile-bootstrap confidence interval (``<metric>``, ``<metric>_low``,
-        ``<metric>_high``), ``n`` (examples with a value), ``rank`` (1 = highest AOPC
-        comprehensiveness) and, when the sanity check ran, ``sanity_spearman`` and
-        ``sanity_flag`` (True: the ranking barely changed on the randomised model).
-        Sorted by rank; NaN rows (noted in the table) are left out of the means."""
+        ``<metric>_high``), ``n`` (examples with an AOPC comprehensiveness), ``rank``
+        (1 = highest AOPC comprehensiveness) and, when the sanity check ran,
+        ``sanity_spearman`` and ``sanity_flag`` (True: the ranking barely changed on the
+        randomised model). Sorted by rank; NaN rows (noted in the table) are left out of
+        the means."""
         per = self.table[self.table["metric"].isin(SUMMARY_METRICS)]
         rows = []
         keys = per[["source", "source_kind"]].drop_duplicates()

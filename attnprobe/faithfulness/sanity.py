@@ -20,47 +20,52 @@ from attnprobe.attribution.metrics import spearman
 from attnprobe.capture import discovery, hf
 from attnprobe.errors import InputError
 from attnprobe.types import TokenAttribution
+from attnprobe.weights.anatomy import anatomy
 
 __all__ = ["randomized_copy", "sanity_rows", "top_blocks"]
 
 
 def top_blocks(model: nn.Module, n: int | None) -> list[nn.Module]:
-    """The last ``n`` blocks of the model's self-attention stack (default: the top half),
-    top first."""
-    if not hf.is_hf_model(model):
-        raise InputError(f"the sanity check re-initialises the layers of a transformers model;"
-                         f" {type(model).__name__} is not one")
-    sites = [s for s in discovery.hf_sites(model) if s.kind == "self"]
-    if not sites:
-        raise InputError(f"{type(model).__name__} has no self-attention stack to randomise")
-    stack = sites[0].stack
-    layers = sorted({s.layer for s in sites if s.stack == stack})
-    count = max(1, len(layers) // 2) if n is None else n
-    if count > len(layers):
-        raise InputError(f"randomize={count} but the model has {len(layers)} layers")
-    return [model.get_submodule(f"{stack}.{layer}") for layer in layers[::-1][:count]]
+    """The modules of the last ``n`` blocks of the model's self-attention stack (default: the
+    top half), top first: a transformers model's blocks, or the attention, output
+    projection, norm and MLP of each layer of a model whose weights attnprobe reads
+    (:func:`~attnprobe.weights.anatomy.anatomy`: the reference models)."""
+    if hf.is_hf_model(model):
+        sites = [s for s in discovery.hf_sites(model) if s.kind == "self"]
+        if not sites:
+            raise InputError(f"{type(model).__name__} has no self-attention stack to randomise")
+        stack = sites[0].stack
+        layers = sorted({s.layer for s in sites if s.stack == stack})
+        blocks = [model.get_submodule(f"{stack}.{layer}") for layer in layers]
+    else:
+        parts = anatomy(model).layers  # refuses a model of no known family in one line
+        blocks = [nn.ModuleList([m for m in (p.attn, p.out_proj, p.norm, p.mlp)
+                                 if m is not None]) for p in parts]
+    count = max(1, len(blocks) // 2) if n is None else n
+    if count > len(blocks):
+        raise InputError(f"randomize={count} but the model has {len(blocks)} layers")
+    return blocks[::-1][:count]
+
+
+def _reinitialise(model: nn.Module, module: nn.Module) -> None:
+    """The model's own initialiser (transformers), else each layer's ``reset_parameters``."""
+    init = getattr(model, "_init_weights", None)
+    if hf.is_hf_model(model) and callable(init):
+        init(module)
+    elif callable(reset := getattr(module, "reset_parameters", None)):
+        reset()
 
 
 def randomized_copy(model: nn.Module, n: int | None, *, seed: int = 0) -> nn.Module:
-    """A copy of ``model`` with its top ``n`` blocks re-initialised by the model's own
-    initialiser (seeded), in eval mode; ``model`` is untouched.
-
-    Example:
-        >>> shuffled = randomized_copy(model, 2)                # MiniLM: layers 4 and 5 redrawn
-        >>> top = shuffled.encoder.layer[5].attention.self.query.weight
-        >>> bool((top != model.encoder.layer[5].attention.self.query.weight).any())
-        True
-    """
+    """A copy of ``model`` with its top ``n`` blocks re-initialised (seeded), in eval mode;
+    ``model`` is untouched."""
     top_blocks(model, n)  # refused before the copy
     clone = copy.deepcopy(model).eval()
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         for block in top_blocks(clone, n):
             for module in block.modules():
-                clone._init_weights(module)  # type: ignore[operator]
-    finally:
-        torch.random.set_rng_state(generator_state)
+                _reinitialise(clone, module)
     return clone
 
 

@@ -73,6 +73,7 @@ class Contents:
         logit_attribution: a ``LogitAttribution`` (``ap.heads.logit_attribution``).
         composition: a ``Composition`` (``ap.heads.composition``).
         patching: a patching table (``ap.patch.heads`` / ``path`` / ``attribution``).
+        faithfulness: a ``Faithfulness`` (``ap.faithfulness.evaluate``).
     """
 
     maps: tuple[AttentionMap, ...] = ()
@@ -87,6 +88,7 @@ class Contents:
     logit_attribution: Any = None
     composition: Any = None
     patching: pd.DataFrame | None = None
+    faithfulness: Any = None
 
     def __post_init__(self) -> None:
         if not all(isinstance(m, AttentionMap) for m in self.maps):
@@ -100,7 +102,8 @@ class Contents:
         return self.info is None and not self.maps and not self.tables and all(
             value is None for value in (self.census, self.syntax, self.comparison,
                                         self.perturbation, self.diff, self.logit_attribution,
-                                        self.composition, self.patching))
+                                        self.composition, self.patching,
+                                        self.faithfulness))
 
     @property
     def n_census(self) -> int | None:

@@ -103,6 +103,8 @@ def build(contents: Contents | None = None, *, title: str = "attnprobe report",
             random baseline per kind, the strongest pairs.
         patching: a patching table (``ap.patch.heads`` / ``path`` / ``attribution``): the
             mean effect per patch, the per-patch summary.
+        faithfulness: a ``Faithfulness`` (``ap.faithfulness.evaluate``): the ranked summary
+            with confidence intervals, the deletion curves and the ranking.
 
     Returns:
         :class:`Report` with the HTML text. Every section says how many sentences it was
@@ -136,7 +138,8 @@ def build(contents: Contents | None = None, *, title: str = "attnprobe report",
     contents = replace(contents, **results) if contents is not None else Contents(**results)
     if contents.empty:
         raise InputError("nothing to report: pass maps, census, syntax, comparison, "
-                         "perturbation, diff, logit_attribution, composition or patching")
+                         "perturbation, diff, logit_attribution, composition, patching or "
+                         "faithfulness")
     maps = list(contents.maps)
     html = render("page.html.j2", title=str(title), sections=page_sections(contents),
                   css=asset("report.css") + "\n" + asset("views.css"),

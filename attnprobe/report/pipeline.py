@@ -7,9 +7,10 @@ What ``attnprobe report`` runs, step by step (the command is a thin caller of
    cannot generate);
 2. the head census over every text (labels, scores, layer profile, clusters; syntax with
    ``syntax=True``);
-3. on the first ``view_texts`` texts: the attribution comparison (with ``target``), their
-   attention maps (the comparison's own maps with ``generate``: prompt + generated tokens)
-   and the perturbation run (with ``perturb``);
+3. on the first ``view_texts`` texts: the attribution comparison (with ``target``), the
+   erasure tests of its sources (with ``faithfulness``), their attention maps (the
+   comparison's own maps with ``generate``: prompt + generated tokens) and the perturbation
+   run (with ``perturb``);
 4. on the first ``causal_texts`` texts (:mod:`attnprobe.report.causal`): for a pre-norm
    language model, the direct logit attribution of ``logit:next`` at every position and the
    composition scores (weights only); with ``corrupt``, the patching experiment ``patch``;
@@ -31,6 +32,8 @@ from attnprobe.capture.corpus import extract
 from attnprobe.capture.generation import check_generation
 from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.metric import default_positions
+from attnprobe.errors import InputError
+from attnprobe.faithfulness.evaluate import evaluate
 from attnprobe.heads.census_options import CensusOptions
 from attnprobe.heads.head_census import census
 from attnprobe.inputs.prepared import prepare
@@ -63,7 +66,8 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str,
         texts: the corpus (strings or token ids); the census covers every text, the views
             the first ``view_texts``.
         options: what the page holds (:class:`~attnprobe.report.report_options.
-            ReportOptions`: ``syntax``, ``view_texts``, ``target``, ``n_steps``, ``query``,
+            ReportOptions`: ``syntax``, ``view_texts``, ``target``, ``n_steps``,
+            ``faithfulness``, ``query``,
             ``perturb`` and ``perturb_options``, ``generate`` and ``sample``,
             ``logit_attribution``, ``composition``, ``causal_texts``, ``corrupt``,
             ``patch`` and ``patch_options``, ``metric`` and ``metric_positions``,
@@ -116,6 +120,11 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str,
                              options=ComparisonOptions(query=opts.query, n_steps=opts.n_steps,
                                                        generate=opts.generate,
                                                        sample=opts.sample))
+    faithful = None
+    if opts.faithfulness:  # the comparison's sources, tested on the same texts
+        faithful = evaluate(model, tokenizer, shown, opts.target, methods=list(REPORT_METHODS),
+                            views=list(REPORT_VIEWS), corpus=quiet.replace(batch_size=None),
+                            query=opts.query, n_steps=opts.n_steps)
     maps = _view_maps(model, tokenizer, shown, comparison, opts, quiet)
     perturbation = None
     if opts.perturb is not None:
@@ -131,7 +140,7 @@ def from_model(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str,
     return build(maps=maps, census=found, syntax=found.syntax(1) if opts.syntax else None,
                  comparison=comparison, perturbation=perturbation, title=opts.title,
                  logit_attribution=causal.logit_attribution, composition=causal.composition,
-                 patching=causal.patching)
+                 patching=causal.patching, faithfulness=faithful)
 
 
 def _patch_request(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
@@ -154,6 +163,9 @@ def _check_early(model: nn.Module, opts: ReportOptions) -> None:
     """Refuse a bad ``query``, an unknown experiment or option, or a ``generate`` the model
     or the target cannot take, before the census runs."""
     check_query(opts.query)  # type: ignore[arg-type]
+    if opts.faithfulness and (opts.target is None or opts.generate is not None):
+        raise InputError("faithfulness tests the sources that explain target on the texts "
+                         "as given: pass target=, without generate")
     if opts.perturb is not None:
         reads_target(opts.perturb, **dict(opts.perturb_options or {}))  # unknown or bad
     if opts.generate is None:

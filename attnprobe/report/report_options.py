@@ -36,6 +36,9 @@ class ReportOptions(AnalysisOptions):
             leave-one-out vs raw attention and rollout) explaining ``target`` (``class:K``,
             ``next-token``, ``similarity:TEXT`` ...; :mod:`attnprobe.attribution.targets`).
         n_steps: Integrated Gradients steps for ``target``.
+        faithfulness: with ``target``, also run the erasure tests
+            (:func:`attnprobe.faithfulness.evaluate`) of the compared sources on the view
+            texts: the faithfulness section (ranked summary with CIs, deletion curves).
         query: the row the attention views of the comparison read (``auto``: the last real
             token of a causal model, ``[CLS]`` of an encoder; ``cls``, ``last``, ``mean``,
             ``max`` or an index).
@@ -79,6 +82,7 @@ class ReportOptions(AnalysisOptions):
     view_texts: int = 3
     target: Any = None
     n_steps: int = 20
+    faithfulness: bool = False
     query: str | int = "auto"
     perturb: str | None = None
     perturb_options: Mapping[str, Any] | None = None

@@ -4,6 +4,7 @@ views is one import here."""
 
 from attnprobe.report import (  # noqa: F401 - they register on import
     circuit_views,
+    faithfulness_views,
     notebook,
     patching_views,
 )

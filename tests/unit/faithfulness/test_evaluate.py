@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from attnprobe.attribution.method_base import Explanation, Problem
+from attnprobe.attribution.views import attention_importance
 from attnprobe.errors import InputError
 from attnprobe.faithfulness import FaithfulnessOptions, bootstrap_ci, evaluate
 from attnprobe.faithfulness.sanity import randomized_copy
@@ -90,6 +91,10 @@ def _counts(n: int, levels=LEVELS) -> list[int]:
     return [min(n - 1, max(1, math.floor(level * n + 0.5))) for level in levels]
 
 
+def _trapezoid(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2))
+
+
 def _values(result, source: str, metric: str, example: str = "0") -> np.ndarray:
     t = result.table
     rows = t[(t["source"] == source) & (t["metric"] == metric) & (t["example_id"] == example)]
@@ -119,12 +124,12 @@ def test_planted_ranking_gives_the_closed_forms(bow, tok):
         morf = np.array([-top[:k].sum() for k in range(n + 1)])
         lerf = np.array([-top[::-1][:k].sum() for k in range(n + 1)])
         x = np.arange(n + 1) / n
-        area = lambda y: float(np.sum(np.diff(x) * (y[1:] + y[:-1]) / 2))  # noqa: E731
-        shift = _values(result, "planted", "deletion_morf_area", str(example))[0] - area(morf)
+        area = _values(result, "planted", "deletion_morf_area", str(example))[0]
+        shift = area - _trapezoid(x, morf)
         # the curves hold the logit itself: S + 0.5 ([CLS], [SEP]) at every point
         assert shift == pytest.approx(w.sum() + 0.5, abs=tol)
         assert _values(result, "planted", "abpc", str(example))[0] == pytest.approx(
-            area(lerf) - area(morf), abs=tol)
+            _trapezoid(x, lerf) - _trapezoid(x, morf), abs=tol)
         assert _values(result, "planted", "tau_loo", str(example))[0] == pytest.approx(1.0)
     assert set(result.table["removal"]) == {"delete"}
     assert set(result.table["target"]) == {"class:1"}
@@ -230,6 +235,21 @@ def test_refusals(bow, tok):
         FaithfulnessOptions(sanity_threshold=2.0)
 
 
+def _removed_logit(model, tok, ids: torch.Tensor, drop: list[int], removal: str) -> float:
+    """The class-1 logit of one forward of ``ids`` with ``drop`` removed by hand."""
+    keep = [p for p in range(len(ids)) if p not in drop]
+    if removal == "delete":
+        x, m = ids[keep], torch.ones(len(keep), dtype=torch.long)
+    elif removal == "replace":
+        x = ids.clone()
+        x[drop] = tok.mask_token_id
+        m = torch.ones_like(ids)
+    else:
+        x, m = ids, torch.tensor([0 if p in drop else 1 for p in range(len(ids))])
+    with torch.no_grad():
+        return float(model(input_ids=x[None], attention_mask=m[None]).logits[0, 1])
+
+
 @pytest.mark.parametrize("removal", ["delete", "replace", "attention"])
 def test_batched_outputs_equal_one_forward_per_input(removal):
     """On a tiny BERT the pooled, padded batches give what one forward of each perturbed
@@ -244,26 +264,12 @@ def test_batched_outputs_equal_one_forward_per_input(removal):
     for example, text in enumerate(texts):
         ids = tok(text, return_tensors="pt")["input_ids"][0]
         raw = t[(t["example_id"] == str(example)) & (t["source"] == "raw@L1")]
-        from attnprobe.attribution.views import attention_importance
         scores = attention_importance(model, tok, text, views=["raw"], scope="layer:1")[0]
         real = list(range(1, len(ids) - 1))
-        order = sorted(real, key=lambda p: (-float(scores.scores[p]), p))
-
-        def logit(drop: list[int]) -> float:
-            keep = [p for p in range(len(ids)) if p not in drop]
-            if removal == "delete":
-                x, m = ids[keep], torch.ones(len(keep), dtype=torch.long)
-            elif removal == "replace":
-                x = ids.clone()
-                x[drop] = tok.mask_token_id
-                m = torch.ones_like(ids)
-            else:
-                x, m = ids, torch.tensor([0 if p in drop else 1 for p in range(len(ids))])
-            with torch.no_grad():
-                return float(model(input_ids=x[None], attention_mask=m[None]).logits[0, 1])
-
-        full = logit([])
-        want = [full - logit(order[:k]) for k in _counts(len(real))]
+        order = sorted(real, key=lambda p, s=scores.scores: (-float(s[p]), p))
+        full = _removed_logit(model, tok, ids, [], removal)
+        want = [full - _removed_logit(model, tok, ids, order[:k], removal)
+                for k in _counts(len(real))]
         got = raw[raw["metric"] == "comprehensiveness"]["value"].to_numpy()
         # padded batch vs one input: float32 sums over the width-16 model, a few ulps of the
         # logits at each of 2 layers
@@ -318,3 +324,14 @@ def test_sanity_check_flags_an_explanation_that_ignores_the_model():
                            model.bert.encoder.layer[1].attention.self.query.weight)
     with pytest.raises(InputError, match="randomize=3"):
         randomized_copy(model, 3)
+
+
+def test_a_reference_model_is_randomised_through_its_anatomy():
+    import attnprobe as ap
+
+    lm, _ = ap.load_model("ref:induction")
+    copy = randomized_copy(lm, 1, seed=0)
+    for name, weight in lm.named_parameters():
+        other = dict(copy.named_parameters())[name]
+        # the top block's projections are redrawn; everything below and around it is kept
+        assert torch.equal(weight, other) != (name.startswith("blocks.1.attn."))
