@@ -1,7 +1,9 @@
 """Token importance read off the attention of one example, and the dispatch over the views.
 
-Five views are registered in :data:`VIEWS`, each giving one score per input token (float64,
-non-negative):
+The views registered in :data:`VIEWS` each give one score per input token (float64,
+non-negative); these five, and the attention-based explanations value zeroing
+(:mod:`~attnprobe.attribution.value_zeroing`) and ALTI (:mod:`~attnprobe.attribution.alti`),
+each in its own module:
 
 - ``raw`` (:func:`raw`) — one row (or the mean / max over rows) of one layer's weights, averaged
   over the scope's heads of that layer (every head by default).
@@ -252,8 +254,9 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
         text: one input text.
         target: ``(output, inputs) -> Tensor[batch]``; needed by ``attn_x_grad`` only.
         views: names in :data:`VIEWS` (``raw``, ``rollout``, ``flow``, ``attn_x_grad``,
-            ``norm``, and any view registered since) or :class:`View` objects; default every
-            registered view, in name order.
+            ``norm``, ``value_zeroing``, ``alti``, and any view registered since) or
+            :class:`View` objects; default every registered view the model's family can serve
+            (its ``check``) and, without a target, that needs none, in name order.
         scope: the layers to report (:mod:`attnprobe.core.scope`; default all), and the heads
             ``raw`` and ``norm`` average; rollout, flow and ``attn_x_grad`` run through every
             head (module docstring), and ``attn_x_grad`` spans all layers.
@@ -277,7 +280,12 @@ def attention_importance(model: nn.Module, tokenizer: Any, text: str,
         >>> [a.to_frame() for a in found][0].columns.tolist()
         ['example_id', 'method', 'target', 'position', 'token', 'score']
     """
-    built = build_views(views, model=model, has_target=target is not None)
+    defaulted = views is None  # the default adapts to the model and the call; a choice does not
+    if defaulted:
+        views = [name for name in VIEWS.names()
+                 if target is not None or not VIEWS.get(name).needs_target]
+    built = build_views(views, model=model, has_target=target is not None,
+                        only_readable=defaulted)
     one_text(text)
     check_query(query)
     if truncation_mode(truncation) == "skip":  # one text: there is nothing to skip it from

@@ -8,9 +8,10 @@ import torch
 import transformers
 
 import attnprobe as ap
-from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, STEP_COLUMNS, compare
+from attnprobe.attribution.comparison import AGREEMENT_COLUMNS, DEFAULT_VIEWS, STEP_COLUMNS, compare
 from attnprobe.attribution.method_base import Problem
 from attnprobe.attribution.metrics import METRICS
+from attnprobe.attribution.view_base import VIEWS
 from tests.helpers import bert_tokenizer, bert_vocab, tiny_bert_config
 from tests.helpers import run_cli as run
 
@@ -252,7 +253,8 @@ def test_help_and_table_name_the_same_metrics(tmp_path, capsys):
     assert "spearman_rho" not in help_text
     assert run(base(tmp_path, "--quiet"), capsys)[0] == 0
     assert tuple(table_of(tmp_path).metric.unique()) == METRICS
-    assert "also flow" in help_text  # every registered view is offered
+    others = [name for name in VIEWS.names() if name not in DEFAULT_VIEWS]
+    assert "flow" in others and f"also {','.join(others)})" in help_text  # every view offered
 
 
 # ---------------------------------------------------------------------------- causal models

@@ -94,8 +94,11 @@ def test_a_view_and_a_method_in_one_new_module_are_discovered(throwaway_module, 
     code, printed, _ = run_cli(["compare", "--help"], capsys)
     assert code == 0 and VIEW in printed
 
-    assert f"`{VIEW}`: the first row of the last layer (a test's)" in views_markdown()
-    assert f"`{METHOD}`: the target's value on every token (a test's)" in methods_markdown()
+    # the lists are wrapped paragraphs: where a line breaks depends on every other entry
+    assert f"`{VIEW}`: the first row of the last layer (a test's)" in \
+        " ".join(views_markdown().split())
+    assert f"`{METHOD}`: the target's value on every token (a test's)" in \
+        " ".join(methods_markdown().split())
     readme = render_readme(README.read_text(encoding="utf-8"))
     assert f"`{VIEW}`:" in readme and f"`{METHOD}`:" in readme
 
