@@ -30,7 +30,8 @@ class TokenAttribution:
         target: what the scores explain, e.g. ``class:1`` or ``similarity:<text>``.
         example_id: free label carried into tables.
         delta: the method's convergence error when it has one (Integrated Gradients:
-            ``|Σ attributions - (f(x) - f(baseline))|``), else ``None``.
+            ``|Σ attributions - (f(x) - f(baseline))|``; ``attn_lrp``: its signed
+            conservation gap ``Σ relevance - f(x)``), else ``None``.
     """
 
     scores: torch.Tensor

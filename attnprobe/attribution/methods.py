@@ -320,7 +320,11 @@ def _methods(model: nn.Module, methods: Sequence[str | Method] | str, walk: Corp
                          + ", ".join(METHODS.names()))
     built = {"n_steps": opts.n_steps, "internal_batch_size": opts.internal_batch_size,
              "batch_size": walk.batch(BATCH_SIZE), "seed": walk.seed}
-    return [_build(m, built) for m in methods]
+    found = [_build(m, built) for m in methods]
+    for method in found:  # a method that reads the model's layout refuses it before any forward
+        if callable(check := getattr(method, "check", None)):
+            check(model)
+    return found
 
 
 def _one_input(batch: Mapping[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:

@@ -69,8 +69,10 @@ def test_linear_model_values_by_construction(bag):
     w = model.out.weight.detach()[1]
     e_pad, e_unk = model.embed.weight.detach()[tok.pad_token_id], \
         model.embed.weight.detach()[tok.unk_token_id]
-    out = by_method(attribute(model, tok, [TEXT], "class:1", METHODS.names(), n_steps=8))
-    assert set(out) == set(METHODS.names())
+    # attn_lrp has rules for transformer families only: it refuses this model (test_attn_lrp)
+    names = [name for name in METHODS.names() if name != "attn_lrp"]
+    out = by_method(attribute(model, tok, [TEXT], "class:1", names, n_steps=8))
+    assert set(out) == set(names)
     assert all(r.tokens == ("[BOS]", *TEXT.split()) for r in out.values())
     real = slice(1, None)  # [BOS] is special: kept in the baseline, never deleted
 
