@@ -141,12 +141,13 @@ def text_args(parser: argparse.ArgumentParser) -> None:
 
 
 def corpus_args(parser: argparse.ArgumentParser, *, batch_help: str = "texts per forward",
-                seed_help: str = "seeds every random choice (default 0)") -> None:
+                seed_help: str = "seeds every random choice (default 0)",
+                batch_default: int | None = DEFAULT_BATCH_SIZE) -> None:
     """The options of every corpus command, with the same names, meanings and defaults as
     the Python signature ``(model, tokenizer, texts, *, scope, batch_size, truncation, seed,
     progress)``."""
     text_args(parser)
-    run_args(parser, batch_help=batch_help, seed_help=seed_help)
+    run_args(parser, batch_help=batch_help, seed_help=seed_help, batch_default=batch_default)
 
 
 def run_args(parser: argparse.ArgumentParser, *, scope_help: str = "heads to analyse",
@@ -154,13 +155,16 @@ def run_args(parser: argparse.ArgumentParser, *, scope_help: str = "heads to ana
              seed_help: str = "seeds every random choice (default 0)",
              truncate_help: str = "cut texts longer than the model allows instead of failing",
              skip_help: str = "leave out texts longer than the model allows (listed on stderr)",
-             length_help: str = "cap on tokens per text") -> None:
+             length_help: str = "cap on tokens per text",
+             batch_default: int | None = DEFAULT_BATCH_SIZE) -> None:
     """The options of :func:`corpus_args` but the inputs (``--scope`` ... ``--quiet``), for
-    a command that reads its inputs its own way (``patch``: clean and corrupted ones)."""
+    a command that reads its inputs its own way (``patch``: clean and corrupted ones).
+    ``batch_default`` None: the analysis picks (``batch_help`` says how)."""
     parser.add_argument("--scope", action="append", type=scope_value, metavar="SCOPE",
                         help=f"{scope_help} (repeatable, merged): {SCOPE_FORMS}; default all")
-    parser.add_argument("--batch-size", type=positive, default=DEFAULT_BATCH_SIZE,
-                        help=f"{batch_help} (default {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--batch-size", type=positive, default=batch_default,
+                        help=batch_help if batch_default is None
+                        else f"{batch_help} (default {batch_default})")
     long = parser.add_mutually_exclusive_group()
     long.add_argument("--truncate", action="store_true", help=truncate_help)
     long.add_argument("--skip-long", action="store_true", help=skip_help)

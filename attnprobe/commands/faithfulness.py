@@ -165,6 +165,7 @@ def register(sub: Any) -> None:
     """Add ``faithfulness`` to the ``attnprobe`` sub-command parsers."""
     from attnprobe.attribution.method_base import METHODS
     from attnprobe.attribution.view_base import VIEWS
+    from attnprobe.faithfulness.evaluate import PASS_TOKENS
     from attnprobe.faithfulness.options import DEFAULT_METHODS, DEFAULT_VIEWS, VIEW_LAYERS
     from attnprobe.faithfulness.removal import KINDS
     from attnprobe.faithfulness.result import TABLE_COLUMNS
@@ -175,12 +176,10 @@ def register(sub: Any) -> None:
                                                  "tests of attention views and attributions",
                             epilog=_example(", ".join(TABLE_COLUMNS)),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    corpus_args(parser, batch_help="perturbed inputs per forward (default: about 8192 "
-                                   "tokens a forward)",
+    corpus_args(parser, batch_help=f"perturbed inputs per forward (default: about "
+                                   f"{PASS_TOKENS} tokens a forward)",
                 seed_help="seeds the random baseline (text i: seed + i) and GradientSHAP "
-                          "(default 0)")
-    # the library's default, inputs packed to about 8192 tokens a forward, not a row count
-    parser.set_defaults(batch_size=None)
+                          "(default 0)", batch_default=None)
     parser.add_argument("--budget", type=positive,
                         help="the most token-forwards the tests of one text may cost (a text "
                              "over it is refused, naming the knob)")

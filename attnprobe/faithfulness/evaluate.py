@@ -168,8 +168,9 @@ def _one_group(run: _Run, bar: StepBar, group: Sequence[str]
 def _views(views: Any, model: nn.Module) -> tuple[View, ...]:
     if views is not None and not isinstance(views, (str, View)) and len(views) == 0:
         return ()
-    defaults = not isinstance(views, (str, View)) and views is not None \
-        and tuple(views) == DEFAULT_VIEWS  # the defaults adapt to the model; a choice does not
+    # the defaults and "every view" adapt to the model; a view the caller names does not
+    defaults = views is None or (not isinstance(views, (str, View))
+                                 and tuple(views) == DEFAULT_VIEWS)
     return tuple(build_views(views, model=model, only_readable=defaults))
 
 
@@ -195,9 +196,9 @@ def evaluate(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, targ
         methods: attribution methods (names in :data:`~attnprobe.attribution.method_base.
             METHODS` or method objects; empty: none).
         views: attention views (:data:`~attnprobe.attribution.view_base.VIEWS`; ``None``:
-            every registered one; empty: none). The default, :data:`~attnprobe.faithfulness.
-            options.DEFAULT_VIEWS`, leaves out a view the model cannot serve; a view named by
-            the caller is checked.
+            every registered one the model can serve; empty: none). The default,
+            :data:`~attnprobe.faithfulness.options.DEFAULT_VIEWS`, also leaves out a view the
+            model cannot serve; a view named by the caller is checked.
         options: the evaluation's own options (:class:`~attnprobe.faithfulness.options.
             FaithfulnessOptions`: ``levels``, ``removal``, ``fill``, ``curve_steps``,
             ``view_layers``, ``magnitude``, ``query``, ``n_steps``, ``sanity``,

@@ -58,7 +58,14 @@ def _reinitialise(model: nn.Module, module: nn.Module) -> None:
 
 def randomized_copy(model: nn.Module, n: int | None, *, seed: int = 0) -> nn.Module:
     """A copy of ``model`` with its top ``n`` blocks re-initialised (seeded), in eval mode;
-    ``model`` is untouched."""
+    ``model`` is untouched.
+
+    Example:
+        >>> shuffled = randomized_copy(model, 2)                # MiniLM: layers 4 and 5 redrawn
+        >>> top = shuffled.encoder.layer[5].attention.self.query.weight
+        >>> bool((top != model.encoder.layer[5].attention.self.query.weight).any())
+        True
+    """
     top_blocks(model, n)  # refused before the copy
     clone = copy.deepcopy(model).eval()
     with torch.random.fork_rng(devices=[]):
