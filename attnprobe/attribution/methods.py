@@ -24,6 +24,11 @@ method                     score of token ``i`` (``e_i``: its embedding, ``f``: 
 ``occlusion``              ``f(x) − f(x with token i replaced by [UNK])`` (the pad token when
                            the tokenizer has no unk); special tokens are never replaced
                            (score 0)
+``attn_lrp``               AttnLRP (Achtibat et al. 2024): ``Σ_d e_i · ∂̃f/∂e_i`` with the
+                           gradient modified by the LRP rules (ε for linear layers, identity
+                           for activations and norms, uniform for the attention matmuls
+                           and gates; :mod:`attnprobe.attribution.attn_lrp`); ``delta`` is
+                           the conservation gap ``Σ_i R_i − f(x)``
 =========================  ===============================================================
 
 Each text is encoded on its own (no padding). The perturbed copies of a text run batched
