@@ -2,7 +2,8 @@
 
 For every source's ranking of a text, :func:`plan_text` lists the inputs of each test —
 comprehensiveness and sufficiency at each removal level, the deletion curves
-most-relevant-first (MoRF) and least-relevant-first (LeRF), the insertion curve — and, once
+most-relevant-first (MoRF) and least-relevant-first (LeRF), the insertion curves in both
+orders — and, once
 per text, the unperturbed input and one input per left-out token (for τ with leave-one-out).
 Every input goes into one shared :class:`InputPool`, which keeps one copy of identical
 inputs (across sources, levels and texts), so each distinct input is run once; then
@@ -40,9 +41,10 @@ __all__ = ["AGGREGATES", "CURVES", "UNDEFINED", "Design", "InputPool", "SourcePl
            "plan_text", "score_text"]
 
 UNDEFINED = -1  # the pool index of an input the model cannot run (no token left to see)
-CURVES = ("deletion_morf", "deletion_lerf", "insertion")
+CURVES = ("deletion_morf", "deletion_lerf", "insertion_morf", "insertion_lerf")
 AGGREGATES = ("aopc_comprehensiveness", "aopc_sufficiency", "deletion_morf_area",
-              "deletion_lerf_area", "insertion_area", "abpc", "tau_loo")
+              "deletion_lerf_area", "insertion_morf_area", "insertion_lerf_area", "abpc",
+              "tau_loo")
 
 
 class InputPool:
@@ -142,7 +144,8 @@ def _plan_source(plan: SourcePlan, order: np.ndarray, ids: np.ndarray, removal: 
     plan.suff = [add(k, rank, True) for k in counts]
     plan.curves = {"deletion_morf": [add(k, rank, False) for _, k in steps],
                    "deletion_lerf": [add(k, last, False) for _, k in steps],
-                   "insertion": [add(k, rank, True) for _, k in steps]}
+                   "insertion_morf": [add(k, rank, True) for _, k in steps],
+                   "insertion_lerf": [add(k, last, True) for _, k in steps]}
 
 
 @dataclass(frozen=True)
@@ -240,14 +243,14 @@ def _level_rows(plan: TextPlan, source: SourcePlan, outputs: np.ndarray,
 
 def _curve_rows(plan: TextPlan, source: SourcePlan, outputs: np.ndarray) -> list[tuple]:
     """``(metric, level, k, value, note)`` of the curve areas and ABPC."""
-    names = ("deletion_morf_area", "deletion_lerf_area", "insertion_area", "abpc")
+    names = ("deletion_morf_area", "deletion_lerf_area", "insertion_morf_area",
+             "insertion_lerf_area", "abpc")
     note = plan.note or source.note or _undefined(outputs, [plan.full],
                                                   *source.curves.values())
     if note:
         return [(name, math.nan, None, math.nan, note) for name in names]
     ks = np.array([k for _, k in plan.steps])
-    morf, lerf, insertion = (outputs[source.curves[c]] for c in CURVES)
-    areas = [_area(curve, ks, plan.n_real) for curve in (morf, lerf, insertion)]
+    areas = [_area(outputs[source.curves[c]], ks, plan.n_real) for c in CURVES]
     return [(name, math.nan, None, value, "")
             for name, value in zip(names, [*areas, areas[1] - areas[0]], strict=True)]
 

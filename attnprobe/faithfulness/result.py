@@ -8,9 +8,11 @@ tokens removed, NaN for the per-example aggregates):
 - ``comprehensiveness`` ``f(x) − f(x \\ top k)`` and ``sufficiency`` ``f(x) − f(top k)`` at
   each level (DeYoung et al. 2020); higher comprehensiveness and lower sufficiency are better;
 - ``aopc_comprehensiveness`` and ``aopc_sufficiency``: their means over the levels;
-- ``deletion_morf_area``, ``deletion_lerf_area``, ``insertion_area``: areas under the curves
-  of the output as tokens are deleted most-relevant-first, least-relevant-first, or inserted
-  most-relevant-first (x axis: share of real tokens);
+- ``deletion_morf_area``, ``deletion_lerf_area``, ``insertion_morf_area``,
+  ``insertion_lerf_area``: areas under the curves of the output as tokens are deleted, or
+  inserted into the emptied text, most-relevant-first or least-relevant-first (x axis: share
+  of real tokens; a faithful ranking has a low deletion MoRF area and a high insertion MoRF
+  area, Petsiuk et al. 2018);
 - ``abpc``: area between the LeRF and MoRF deletion curves (higher is better);
 - ``tau_loo``: Kendall τ between the importance and leave-one-out output drops (ferret).
 """

@@ -33,7 +33,7 @@ PANELS = ("curves", "ranking")
 BASELINE_COLOUR = "#7f7f7f"  # the random-order baseline, in both panels
 # a curve's line style, by a word in its name: deletion most-relevant-first is the solid
 # line of the literature (Samek et al. 2017), least-relevant-first its dashed mirror
-CURVE_STYLES = (("insertion", ":"), ("lerf", "--"), ("morf", "-"))
+CURVE_STYLES = (("insertion_lerf", "-."), ("insertion", ":"), ("lerf", "--"), ("morf", "-"))
 METRIC_LABELS = {
     "aopc_comprehensiveness": "AOPC comprehensiveness (higher: more faithful)",
     "aopc_sufficiency": "AOPC sufficiency (lower: more faithful)",

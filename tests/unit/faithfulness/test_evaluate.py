@@ -130,6 +130,11 @@ def test_planted_ranking_gives_the_closed_forms(bow, tok):
         assert shift == pytest.approx(w.sum() + 0.5, abs=tol)
         assert _values(result, "planted", "abpc", str(example))[0] == pytest.approx(
             _trapezoid(x, lerf) - _trapezoid(x, morf), abs=tol)
+        # insertion: only the top (or bottom) k kept, so the logit is their sum + 0.5
+        for curve, kept in (("insertion_morf", top), ("insertion_lerf", top[::-1])):
+            values = np.array([kept[:k].sum() + 0.5 for k in range(n + 1)])
+            assert _values(result, "planted", f"{curve}_area", str(example))[0] == \
+                pytest.approx(_trapezoid(x, values), abs=tol)
         assert _values(result, "planted", "tau_loo", str(example))[0] == pytest.approx(1.0)
     assert set(result.table["removal"]) == {"delete"}
     assert set(result.table["target"]) == {"class:1"}
@@ -200,7 +205,7 @@ def test_a_removal_that_hides_every_token_gives_noted_nan_rows(bow, tok, removal
     result = evaluate(bow, tok, [ids], "class:1", methods=[Planted(bow.w.detach())], views=[],
                       levels=LEVELS, removal=removal, curve_steps=2)
     planted = result.table[result.table["source"] == "planted"].set_index("metric")
-    for metric in ("deletion_morf_area", "insertion_area", "abpc"):
+    for metric in ("deletion_morf_area", "insertion_morf_area", "insertion_lerf_area", "abpc"):
         assert np.isnan(planted.loc[metric, "value"])
         assert "no token to see" in planted.loc[metric, "note"]
     w = bow.w.detach().double().numpy()[ids]

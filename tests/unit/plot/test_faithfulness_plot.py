@@ -60,9 +60,9 @@ def test_the_curves_are_the_hand_mean_drops_with_their_styles_and_bands():
 
 def test_insertion_curves_are_dotted_when_asked_for():
     fig = ap.plot.faithfulness(synthetic.result(), insertion=True, panel="curves")
-    line = _lines(fig.axes[0])["saliency insertion"]
+    line = _lines(fig.axes[0])["saliency insertion_morf"]
     assert line.get_linestyle() == ":"
-    np.testing.assert_allclose(line.get_ydata(), synthetic.mean_drop("saliency", "insertion"),
+    np.testing.assert_allclose(line.get_ydata(), synthetic.mean_drop("saliency", "insertion_morf"),
                                atol=EPS)
 
 
