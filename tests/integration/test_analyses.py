@@ -81,7 +81,10 @@ NAMES = sorted(p.stem for p in ANALYSES.glob("*.py") if not p.stem.startswith("_
 OWN_TESTS = ("bench_attribution", "bench_capture", "bench_causal", "bench_census", "bench_flow",
              "bench_perturb", "finetune_diff", "head_census", "induction_circuit", "long_context",
              "perturbation_studies", "rollout_trend",  # their own tests below
-             "bench_patch")  # tests/analyses/test_bench_patch.py
+             "bench_patch",  # tests/analyses/test_bench_patch.py
+             "bench_value_zeroing",  # tests/analyses/test_bench_value_zeroing.py
+             # tests/analyses/test_faithfulness_study.py
+             "faithfulness_study", "bench_faithfulness")
 
 
 @pytest.mark.parametrize("name", NAMES)
