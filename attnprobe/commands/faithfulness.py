@@ -59,7 +59,7 @@ def levels_value(text: str) -> tuple[float, ...]:
     """``--levels 0.1,0.2``: shares of the real tokens (the library checks the range)."""
     try:
         found = tuple(float(part) for part in names(text))
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):  # names() refuses an empty list
         raise argparse.ArgumentTypeError(f"expected comma-separated shares such as "
                                          f"0.1,0.2; got {text!r}") from None
     if not all(math.isfinite(v) for v in found):

@@ -16,7 +16,7 @@ batches (:mod:`attnprobe.faithfulness.plan`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -44,7 +44,7 @@ from attnprobe.faithfulness.options import (
     FAITHFULNESS_FIELDS,
     FaithfulnessOptions,
 )
-from attnprobe.faithfulness.plan import Design, InputPool, plan_text, score_text
+from attnprobe.faithfulness.plan import CURVES, Design, InputPool, plan_text, score_text
 from attnprobe.faithfulness.removal import pad_batch, removal_for
 from attnprobe.faithfulness.result import (
     CURVE_COLUMNS,
@@ -53,7 +53,12 @@ from attnprobe.faithfulness.result import (
     Faithfulness,
 )
 from attnprobe.faithfulness.sanity import randomized_copy, sanity_rows
-from attnprobe.faithfulness.sources import SourceJob, explain_text, source_kind
+from attnprobe.faithfulness.sources import (
+    SourceJob,
+    explain_text,
+    guarded_target,
+    source_kind,
+)
 from attnprobe.inputs.prepared import PreparedCorpus, prepare
 from attnprobe.inputs.text import Text, model_inputs
 
@@ -76,6 +81,7 @@ class _Run:
     special: frozenset[int]
     causal: bool
     pad_id: int
+    n_sources: int  # at most, for the budget check before any source runs
 
 
 def _special(run: _Run, ids: torch.Tensor) -> np.ndarray:
@@ -91,7 +97,7 @@ def _check_budget(run: _Run, example: str, n_tokens: int, n_real: int, n_sources
     """Refuse a text whose perturbed inputs would cost more token-forwards than the budget."""
     opts = run.options
     points = (opts.curve_steps if opts.curve_steps is not None else n_real) + 1
-    rows = 1 + n_real + (n_sources + 1) * (2 * len(opts.levels) + 3 * points)
+    rows = 1 + n_real + (n_sources + 1) * (2 * len(opts.levels) + len(CURVES) * points)
     budget = run.corpus.budget or DEFAULT_BUDGET
     if rows * n_tokens > budget:
         raise InputError(f"the faithfulness tests of text {example} would run {rows:,} inputs "
@@ -104,9 +110,12 @@ def _check_budget(run: _Run, example: str, n_tokens: int, n_real: int, n_sources
 def _run_pool(model: nn.Module, pool: InputPool, targets: Sequence[Target], pad_id: int,
               batch_size: int | None) -> np.ndarray:
     """The explained output of every pooled input, ``[len(pool)]`` float64: inputs sorted by
-    length, right-padded, ``batch_size`` rows (or about :data:`PASS_TOKENS` tokens) per
-    forward; each row read by its own text's target."""
-    order = sorted(range(len(pool)), key=lambda i: pool.items[i].input_ids.numel())
+    length, longest first, right-padded, ``batch_size`` rows (or about :data:`PASS_TOKENS`
+    tokens) per forward; each row read by its own text's target. A callable target gets
+    inputs of one length per forward (it may read a position, ``logits[:, -1]``, that
+    padding would move)."""
+    order = sorted(range(len(pool)), key=lambda i: -pool.items[i].input_ids.numel())
+    unpadded = any(t.spec == "custom" for t in targets)
     out = np.full(len(pool), np.nan)
     start = 0
     with torch.no_grad():
@@ -114,7 +123,9 @@ def _run_pool(model: nn.Module, pool: InputPool, targets: Sequence[Target], pad_
             width = pool.items[order[start]].input_ids.numel()
             size = batch_size or max(1, PASS_TOKENS // max(width, 1))
             chunk = order[start:start + size]
-            # sorted by length: the chunk's widest input is its last
+            if unpadded:  # sorted by length: the inputs of the first one's width lead
+                chunk = [i for i in chunk if pool.items[i].input_ids.numel() == width]
+            # longest first: the chunk's first input sets its width
             ids, mask = pad_batch([pool.items[i] for i in chunk], pad_id)
             inputs = model_inputs(model, {"input_ids": ids, "attention_mask": mask})
             output = model(**inputs)
@@ -122,7 +133,7 @@ def _run_pool(model: nn.Module, pool: InputPool, targets: Sequence[Target], pad_
                 rows = [r for r, i in enumerate(chunk) if pool.targets[i] == t]
                 values = targets[t](output, inputs).detach().to("cpu", torch.float64)
                 out[[chunk[r] for r in rows]] = values[rows].numpy()
-            start += size
+            start += len(chunk)
     return out
 
 
@@ -137,10 +148,11 @@ def _one_group(run: _Run, bar: StepBar, group: Sequence[str]
         bar.begin(f"text {example}")
         given = run.prepared.inputs([int(example)], truncation=walk.truncation,
                                     max_length=walk.max_length)
-        found, fixed = explain_text(run.job, example, given)
         ids = given["input_ids"][0].cpu()
         special = _special(run, ids)
-        _check_budget(run, example, len(ids), int((~special).sum()), len(found))
+        # refused before the text's explanations are paid for
+        _check_budget(run, example, len(ids), int((~special).sum()), run.n_sources)
+        found, fixed = explain_text(run.job, example, given)
         # texts whose fixed targets are the same (class:1, next-token:464) share inputs
         key = fixed.spec if fixed.spec != "custom" else id(fixed)
         if key not in shared:
@@ -152,7 +164,9 @@ def _one_group(run: _Run, bar: StepBar, group: Sequence[str]
                                target_spec=fixed.spec, seed=walk.seed + int(example)))
         if run.random_job is not None:
             bar.begin(f"text {example}: randomised model")
-            again, _ = explain_text(run.random_job, example, given)
+            # the copy explains the same output (next-token: the model's token, not the
+            # copy's own top one)
+            again, _ = explain_text(replace(run.random_job, target=fixed), example, given)
             sanity += sanity_rows(example, found, again, special, run.job.method_names)
     outputs = pool.outputs_with_undefined(
         _run_pool(run.job.model, pool, targets, run.pad_id, walk.batch_size))
@@ -165,6 +179,22 @@ def _one_group(run: _Run, bar: StepBar, group: Sequence[str]
     return rows, curves, sanity
 
 
+def _methods(methods: Any) -> tuple[Any, ...]:
+    """The methods as a tuple, refused when not a sequence or when a name repeats (its rows
+    would be one source counted twice in every mean)."""
+    if isinstance(methods, str):
+        return (methods,)
+    if methods is None or not isinstance(methods, Sequence):
+        raise InputError(f"methods must be a list of method names or objects (empty: none); "
+                         f"got {methods!r}")
+    names = [str(getattr(m, "name", m)) for m in methods]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError(f"method {', '.join(map(repr, repeated))} is given twice: each "
+                         "source is scored once")
+    return tuple(methods)
+
+
 def _views(views: Any, model: nn.Module) -> tuple[View, ...]:
     if views is not None and not isinstance(views, (str, View)) and len(views) == 0:
         return ()
@@ -172,6 +202,13 @@ def _views(views: Any, model: nn.Module) -> tuple[View, ...]:
     defaults = views is None or (not isinstance(views, (str, View))
                                  and tuple(views) == DEFAULT_VIEWS)
     return tuple(build_views(views, model=model, only_readable=defaults))
+
+
+def _view_layers(model: nn.Module, scope: Any, last_layer: int | None) -> int:
+    """Sources one view gives at most: one at the last layer, else one per scope layer."""
+    if last_layer is not None:
+        return 1
+    return sum(1 for layer in range(attention_sizes(model)[0]) if scope.wants_layer(layer))
 
 
 def _last_layer(model: nn.Module, scope: Any, opts: FaithfulnessOptions) -> int | None:
@@ -220,8 +257,10 @@ def evaluate(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, targ
 
     Raises:
         InputError: a model in training mode, inside ``torch.inference_mode()``, an unknown
-            method, view or removal, a removal the tokenizer cannot do (``replace`` without a
-            mask, pad or unk token), a bad level, or a text over ``budget``.
+            method, view or removal, a method named twice, a removal the tokenizer cannot do
+            (``replace`` without a mask, pad or unk token), a bad or repeated level,
+            ``randomize`` without ``sanity``, a callable target that raises, or a text over
+            ``budget``.
 
     Example:
         >>> result = evaluate(model, tok, texts, "similarity:A kitten sleeps.",
@@ -240,7 +279,9 @@ def evaluate(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, targ
                          "torch.inference_mode()")
     removal_counts(100, opts.levels)  # a bad level is refused before any forward
     removal = removal_for(tokenizer, opts.removal, opts.fill)
-    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    methods = _methods(methods)
+    if opts.randomize is not None and not opts.sanity:
+        raise InputError("randomize applies to the sanity check: add sanity=True")
     built = _views(views, model)
     if not methods and not built:
         raise InputError("give at least one attribution method or attention view to test")
@@ -249,8 +290,9 @@ def evaluate(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, targ
     scope = model_scope(model, walk.scope)
     each = walk.replace(progress=False, distributed=False,
                         truncation="cut" if walk.truncation_mode == "cut" else "error")
-    job = SourceJob(model, tokenizer, parse_target(target, model, tokenizer), methods, built,
-                    scope, opts.query, _last_layer(model, scope, opts), opts.magnitude, each,
+    explained = parse_target(guarded_target(target), model, tokenizer)
+    job = SourceJob(model, tokenizer, explained, methods, built, scope, opts.query,
+                    _last_layer(model, scope, opts), opts.magnitude, each,
                     AttributionOptions(n_steps=opts.n_steps))
     random_job = job.on(randomized_copy(model, opts.randomize, seed=walk.seed)) \
         if opts.sanity else None
@@ -258,7 +300,8 @@ def evaluate(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | str, targ
     run = _Run(job, random_job, prepared, walk, opts,
                Design(removal, opts.levels, opts.curve_steps),
                frozenset(special_ids(tokenizer)), bool(causal_of(model)),
-               0 if pad_id is None else int(pad_id))
+               0 if pad_id is None else int(pad_id),
+               len(methods) + len(built) * _view_layers(model, scope, job.last_layer))
     rank, world = rank_and_world(walk.distributed)
     # every rank gets texts: groups of at most GROUP_TEXTS, at least one per rank
     size = max(1, min(GROUP_TEXTS, -(-len(found.ids) // world)))

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -37,7 +38,7 @@ class FaithfulnessOptions(AnalysisOptions):
     :class:`~attnprobe.core.corpus_options.CorpusOptions`).
 
     Attributes:
-        levels: shares of the real tokens removed for comprehensiveness and sufficiency
+        levels: distinct shares of the real tokens removed for comprehensiveness and sufficiency
             (each level removes at least one token and keeps at least one).
         removal: ``"delete"`` (cut the token out: ERASER and ferret, the default),
             ``"replace"`` (a filler token: the tokenizer's mask, else pad, else unk token) or
@@ -75,7 +76,16 @@ class FaithfulnessOptions(AnalysisOptions):
     sanity_threshold: float = 0.5
 
     def __post_init__(self) -> None:
+        if isinstance(self.levels, (str, bytes)) or not isinstance(self.levels, Iterable):
+            raise InputError(f"levels must be a sequence of shares such as (0.1, 0.2); got "
+                             f"{self.levels!r}")
         object.__setattr__(self, "levels", tuple(self.levels))
+        # a repeated level would count twice in the AOPC (the mean over the levels)
+        if len(set(self.levels)) != len(self.levels):
+            raise InputError(f"a removal level is repeated: {self.levels}")
+        for name in ("magnitude", "sanity"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if self.removal not in KINDS:
             raise InputError(f"removal must be one of {', '.join(KINDS)}; got {self.removal!r}")
         if self.view_layers not in VIEW_LAYERS:

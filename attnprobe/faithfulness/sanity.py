@@ -18,6 +18,7 @@ from torch import nn
 
 from attnprobe.attribution.metrics import spearman
 from attnprobe.capture import discovery, hf
+from attnprobe.core.display import counted
 from attnprobe.errors import InputError
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import anatomy
@@ -43,7 +44,7 @@ def top_blocks(model: nn.Module, n: int | None) -> list[nn.Module]:
                                  if m is not None]) for p in parts]
     count = max(1, len(blocks) // 2) if n is None else n
     if count > len(blocks):
-        raise InputError(f"randomize={count} but the model has {len(blocks)} layers")
+        raise InputError(f"randomize={count} but the model has {counted(len(blocks), 'layer')}")
     return blocks[::-1][:count]
 
 

@@ -24,9 +24,11 @@ from attnprobe.attribution.view_base import View, ViewInput
 from attnprobe.attribution.views import run_views
 from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.scope import Scope
+from attnprobe.errors import AttnProbeError, InputError
+from attnprobe.inputs.text import model_inputs
 from attnprobe.types import TokenAttribution
 
-__all__ = ["SourceJob", "explain_text", "source_kind"]
+__all__ = ["SourceJob", "explain_text", "guarded_target", "source_kind"]
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,42 @@ class SourceJob:
         return replace(self, model=model)
 
 
+def guarded_target(target: Any) -> Any:
+    """``target`` as given, but a callable's own exception becomes a one-line
+    :class:`~attnprobe.errors.InputError` naming it (a string spec or a
+    :class:`~attnprobe.attribution.targets.Target` is returned unchanged)."""
+    if isinstance(target, (str, Target)) or not callable(target):
+        return target
+
+    def guarded(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        try:
+            return target(output, inputs)
+        except AttnProbeError:
+            raise
+        except Exception as error:
+            raise InputError(f"the target callable raised {type(error).__name__}: "
+                             f"{' '.join(str(error).split())}") from error
+
+    return guarded
+
+
 def source_kind(method_names: Sequence[str], source: str) -> str:
     """``"attribution"`` for a method's result, ``"attention"`` for a view's."""
     return "attribution" if source in method_names else "attention"
 
 
-def _fixed_target(job: SourceJob, spec: str) -> Target:
-    """The target the views explain: the one the methods fixed on this text."""
+def _fixed_target(job: SourceJob, found: Sequence[TokenAttribution],
+                  given: Mapping[str, torch.Tensor]) -> Target:
+    """The target the views explain: the one the methods fixed on this text, or, with no
+    method, the one fixed on a forward of the unperturbed text (``next-token`` must name
+    the same token on every perturbed copy)."""
     if job.target.ready:
         return job.target
-    return parse_target(spec, job.model, job.tokenizer)
+    if found:
+        return parse_target(found[0].target, job.model, job.tokenizer)
+    inputs = model_inputs(job.model, dict(given))
+    with torch.no_grad():
+        return job.target.fixed(job.model(**inputs), inputs)
 
 
 def explain_text(job: SourceJob, example: str, given: Mapping[str, torch.Tensor]
@@ -85,10 +113,11 @@ def explain_text(job: SourceJob, example: str, given: Mapping[str, torch.Tensor]
     when it is set.
     """
     found = attribute_inputs(job.model, job.tokenizer, [dict(given)], job.target, job.methods,
-                             example_ids=[example], options=job.options, corpus=job.corpus)
+                             example_ids=[example], options=job.options,
+                             corpus=job.corpus) if job.methods else []
     if job.magnitude:
         found = [replace(a, scores=a.scores.abs()) for a in found]
-    fixed = _fixed_target(job, found[0].target) if found else job.target
+    fixed = _fixed_target(job, found, given)
     if not job.views:
         return found, fixed
     seen = run_views(job.views, ViewInput("", job.scope, job.query, fixed, example, job.model,

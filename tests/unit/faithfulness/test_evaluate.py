@@ -50,6 +50,13 @@ class Planted:
         return Explanation(self.table[problem.ids[0]].double())
 
 
+@dataclass(frozen=True)
+class Other(Planted):
+    """A second planted table under its own name (a source name is given once)."""
+
+    name: ClassVar[str] = "other"
+
+
 class Counting(torch.nn.Module):
     """BagOfWords that records every input row it runs (for the deduplication test)."""
 
@@ -163,7 +170,7 @@ def test_each_distinct_input_runs_once(bow, tok):
     counting = Counting(bow).eval()
     text = _texts(1, 6)[0]
     ids = tok(text)["input_ids"]
-    reverse = Planted(-bow.w.detach())
+    reverse = Other(-bow.w.detach())
     evaluate(counting, tok, [text, text], "class:1", views=[], levels=LEVELS, curve_steps=None,
              methods=[Planted(bow.w.detach()), reverse])
     real = list(range(1, len(ids) - 1))
@@ -183,14 +190,16 @@ def test_each_distinct_input_runs_once(bow, tok):
 
 
 def test_constant_importance_and_short_texts_give_noted_nan_rows(bow, tok):
-    flat = Planted(torch.ones(VOCAB))
+    flat = Other(torch.ones(VOCAB))
     result = evaluate(bow, tok, ["the cat sat on", "fox"], "class:1",
                       methods=[flat, Planted(bow.w.detach())], views=[], levels=LEVELS)
     t = result.table
-    flat_rows = t[(t["source"] == "planted") & (t["example_id"] == "0")]
-    # both methods are named "planted": the first (constant) gets NaN rows with the note
-    noted = flat_rows[flat_rows["note"].str.contains("constant")]
-    assert len(noted) and noted["value"].isna().all()
+    flat_rows = t[(t["source"] == "other") & (t["example_id"] == "0")]
+    # the constant one gets NaN rows with the note, every one of them; the other has values
+    assert flat_rows["value"].isna().all()
+    assert flat_rows["note"].str.contains("constant").all()
+    planted = t[(t["source"] == "planted") & (t["example_id"] == "0")]
+    assert planted["value"].notna().all()
     short = t[t["example_id"] == "1"]
     assert short["value"].isna().all()
     assert short["note"].str.contains("at least 2 real tokens").all()
