@@ -35,12 +35,12 @@ import torch
 from torch import nn
 
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
-from attnprobe.attribution.view_common import Query, one_text, read_query, resolve_query
+from attnprobe.attribution.view_common import Query, one_unpadded_input, read_query, resolve_query
 from attnprobe.capture import Activations, Keep, capture
 from attnprobe.capture.discovery import hf_sites
 from attnprobe.capture.info import causal_of
 from attnprobe.errors import InputError
-from attnprobe.inputs.text import Truncation, encode, model_inputs
+from attnprobe.inputs.text import Truncation
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import Anatomy, anatomy
 from attnprobe.weights.head_weights import row_matrix
@@ -261,13 +261,8 @@ def iter_alti_layers(model: nn.Module, tokenizer: Any, text: str, *,
     """
     if model.training:
         raise InputError("ALTI reads the model as it runs; call model.eval() first (dropout)")
-    if inputs is None:
-        inputs = encode(model, tokenizer, one_text(text), truncation=truncation,
-                        max_length=max_length)
-    inputs = model_inputs(model, dict(inputs))
-    mask = inputs.get("attention_mask")
-    if inputs["input_ids"].shape[0] != 1 or (mask is not None and not bool(mask.all())):
-        raise InputError("ALTI explains one unpadded text at a time ([1, seq] inputs)")
+    inputs = one_unpadded_input(model, tokenizer, text, inputs, truncation=truncation,
+                                max_length=max_length, what="ALTI")
     own = sorted((s for s in hf_sites(model) if s.kind == "self"), key=lambda s: s.layer)
     if not own:
         raise InputError("ALTI: the model has no self-attention to decompose")

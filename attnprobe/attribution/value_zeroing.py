@@ -28,11 +28,11 @@ from torch import nn
 
 from attnprobe.attribution.model_views import NORM_FAMILIES
 from attnprobe.attribution.view_base import VIEWS, View, ViewInput
-from attnprobe.attribution.view_common import one_text, read_query
+from attnprobe.attribution.view_common import one_unpadded_input, read_query
 from attnprobe.capture.discovery import hf_sites
 from attnprobe.capture.sites import Site
 from attnprobe.errors import InputError
-from attnprobe.inputs.text import Truncation, encode, model_inputs
+from attnprobe.inputs.text import Truncation
 from attnprobe.types import TokenAttribution
 
 __all__ = ["ROW_BUDGET", "VALUE_FAMILIES", "VALUE_SLOTS", "ValueSlot", "ValueZeroingScores",
@@ -309,15 +309,8 @@ def value_zeroing(model: nn.Module, tokenizer: Any, text: str, *,
         raise InputError(f"per='head' zeroes one head's value, but this model's {n_heads} "
                          f"heads share {n_values} value heads (grouped-query attention); "
                          "use per='layer'")
-    if inputs is None:
-        inputs = encode(model, tokenizer, one_text(text), truncation=truncation,
-                        max_length=max_length)
-    inputs = model_inputs(model, dict(inputs))
-    mask = inputs.get("attention_mask")
-    if inputs["input_ids"].shape[0] != 1 or (mask is not None and not bool(mask.all())):
-        # a padded position would be scored as a token of the text
-        raise InputError("value zeroing explains one unpadded text at a time ([1, seq] "
-                         "inputs, attention mask all ones)")
+    inputs = one_unpadded_input(model, tokenizer, text, inputs, truncation=truncation,
+                                max_length=max_length, what="value zeroing")
     sites = {s.layer: s for s in main_sites(model)}
     layers = sorted(sites) if layers is None else list(layers)
     unknown = [layer for layer in layers if layer not in sites]

@@ -6,14 +6,16 @@ Which query row is read (``query``) is described in :mod:`attnprobe.attribution.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnprobe.errors import InputError
-from attnprobe.inputs.text import check_texts
+from attnprobe.inputs.text import Truncation, check_texts, encode, model_inputs
 from attnprobe.types import AttentionMap
 
 Query = Literal["auto", "cls", "first", "last", "mean", "max"] | int
@@ -29,6 +31,23 @@ def one_text(text: str) -> list[str]:
     if not isinstance(text, str):
         raise InputError(f"text must be one string; got {type(text).__name__}")
     return check_texts([text])
+
+
+def one_unpadded_input(model: nn.Module, tokenizer: Any, text: str,
+                       inputs: Mapping[str, torch.Tensor] | None, *, truncation: Truncation,
+                       max_length: int | None, what: str) -> dict[str, torch.Tensor]:
+    """The model's inputs ``[1, seq]`` for one text (encoded here) or for ``inputs`` given
+    encoded, refused when batched or padded (a padded position would be scored as a token of
+    the text) — for the views that run the model on one text (``what`` names the view)."""
+    if inputs is None:
+        inputs = encode(model, tokenizer, one_text(text), truncation=truncation,
+                        max_length=max_length)
+    found = model_inputs(model, dict(inputs))
+    mask = found.get("attention_mask")
+    if found["input_ids"].shape[0] != 1 or (mask is not None and not bool(mask.all())):
+        raise InputError(f"{what} explains one unpadded text at a time ([1, seq] inputs, "
+                         "attention mask all ones)")
+    return found
 
 
 def check_query(query: Query) -> None:
