@@ -42,7 +42,7 @@ from faithfulness_study import census_sentences, source_job
 from finetune_diff import Config as FinetuneConfig
 from finetune_diff import load as load_encoder
 from harness.benchmarking import interleaved, ratios, timing_table, with_result
-from harness.runs import print_tables, provenance, run_dir, write_run
+from harness.runs import print_tables, provenance, run_dir, torch_threads, write_run
 
 from attnprobe.attribution.views import build_views
 from attnprobe.core.tokens import special_ids
@@ -180,10 +180,8 @@ def checks(bench: Bench, table: pd.DataFrame, pool: InputPool, plans: list[TextP
 
 
 def run(cfg: Config) -> dict[str, pd.DataFrame]:
-    threads = torch.get_num_threads()
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
+        threads = torch.get_num_threads()
         model, tok = load_encoder(FinetuneConfig(model=cfg.model, seed=cfg.seed))
         anchor, *texts = census_sentences(cfg.n_sentences + 1)
         target = f"similarity:{anchor}"
@@ -200,8 +198,6 @@ def run(cfg: Config) -> dict[str, pd.DataFrame]:
             names["forward"]: with_result(lambda: pool_forward(bench, pool)),
         }, repeats=cfg.repeats, warmup=cfg.warmup, results=results)
         found = checks(bench, results[names["evaluate"]], pool, plans, targets)
-    finally:
-        torch.set_num_threads(threads)
     timing = timing_table(raw)
     med = timing.set_index("contender")["median_s"]
     baseline = float(med[names["sources"]] + med[names["forward"]])

@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 from harness.benchmarking import Outcome, interleaved, ratios, timing_table
-from harness.runs import analysis_main
+from harness.runs import analysis_main, torch_threads
 
 from attnprobe.attribution.value_zeroing import value_zeroing
 from attnprobe.core.optional import require
@@ -114,12 +114,8 @@ def one_forward_per_token(model: Any, inputs: dict[str, torch.Tensor], layer: in
 
 def run(cfg: Config) -> dict[str, pd.DataFrame]:
     """Time the contenders side by side and compare their scores (nothing is printed)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _run(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: Config) -> dict[str, pd.DataFrame]:

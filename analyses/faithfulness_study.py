@@ -59,7 +59,7 @@ from finetune_diff import DATA, word_order_task
 from finetune_diff import Config as FinetuneConfig
 from finetune_diff import load as load_encoder
 from harness.leaderboard_md import leaderboard_md
-from harness.runs import analysis_main
+from harness.runs import analysis_main, torch_threads
 from torch import nn
 
 import attnprobe
@@ -313,12 +313,8 @@ def score(study: Study, cfg: Config) -> tuple[Faithfulness, SourceJob, dict]:
 
 
 def run(cfg: Config) -> dict[str, pd.DataFrame]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.num_threads)
-    try:
+    with torch_threads(cfg.num_threads):
         return _run(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(cfg: Config) -> dict[str, pd.DataFrame]:

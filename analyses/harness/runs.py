@@ -7,6 +7,8 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +24,19 @@ def _git(*args: str) -> str:
                               cwd=Path(__file__).resolve().parent).stdout.strip()
     except OSError:
         return ""
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (None or 0: left as they are) for the block,
+    restored after it."""
+    threads = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def provenance(script: str, config: Any, wall_s: float | None = None) -> dict[str, Any]:

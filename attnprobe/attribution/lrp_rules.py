@@ -188,20 +188,27 @@ def _sum_to(grad: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return grad if tuple(grad.shape) == tuple(shape) else grad.sum_to_size(tuple(shape))
 
 
-class _MatmulUniform(torch.autograd.Function):
+class _UniformProduct(torch.autograd.Function):
+    """``a @ b`` (``matmul``) or ``a ⊙ b`` whose backward gives each factor half of the
+    relevance (the uniform rule)."""
+
     @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, epsilon: float) -> torch.Tensor:
-        out = a @ b
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, epsilon: float,
+                matmul: bool) -> torch.Tensor:
+        out = a @ b if matmul else a * b
         ctx.save_for_backward(a, b, out)
-        ctx.epsilon = epsilon
+        ctx.epsilon, ctx.matmul = epsilon, matmul
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         a, b, out = ctx.saved_tensors
         half = _epsilon_scaled(grad, out, ctx.epsilon) / 2
-        return (_sum_to(half @ b.transpose(-2, -1), a.shape),
-                _sum_to(a.transpose(-2, -1) @ half, b.shape), None)
+        if ctx.matmul:
+            to_a, to_b = half @ b.transpose(-2, -1), a.transpose(-2, -1) @ half
+        else:
+            to_a, to_b = half * b, half * a
+        return _sum_to(to_a, a.shape), _sum_to(to_b, b.shape), None, None
 
 
 def lrp_matmul(a: torch.Tensor, b: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
@@ -218,22 +225,7 @@ def lrp_matmul(a: torch.Tensor, b: torch.Tensor, epsilon: float = 0.0) -> torch.
     if a.dim() < 2 or b.dim() < 2:
         raise InputError(f"lrp_matmul needs two matrices (or batches of them), got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    return _MatmulUniform.apply(a, b, _check_epsilon(epsilon))
-
-
-class _MulUniform(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, epsilon: float) -> torch.Tensor:
-        out = a * b
-        ctx.save_for_backward(a, b, out)
-        ctx.epsilon = epsilon
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        a, b, out = ctx.saved_tensors
-        half = _epsilon_scaled(grad, out, ctx.epsilon) / 2
-        return _sum_to(half * b, a.shape), _sum_to(half * a, b.shape), None
+    return _UniformProduct.apply(a, b, _check_epsilon(epsilon), True)
 
 
 def lrp_mul(a: torch.Tensor, b: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
@@ -247,7 +239,7 @@ def lrp_mul(a: torch.Tensor, b: torch.Tensor, epsilon: float = 0.0) -> torch.Ten
     Returns:
         ``a ⊙ b``; ``a`` and ``b`` each receive half of its relevance.
     """
-    return _MulUniform.apply(a, b, _check_epsilon(epsilon))
+    return _UniformProduct.apply(a, b, _check_epsilon(epsilon), False)
 
 
 def _held_std_norm(x: torch.Tensor, dims: tuple[int, ...], eps: float, centre: bool
