@@ -132,11 +132,11 @@ def build_pool(bench: Bench, explained: list[tuple[list, Any]]
 
 def pool_forward(bench: Bench, pool: InputPool, targets: list[Any] | None = None
                  ) -> np.ndarray | None:
-    """One plain batched forward over the pool: inputs sorted by length, right-padded, about
-    ``PASS_TOKENS`` tokens per forward. With ``targets`` (untimed check), each row read by
-    its text's target, ``[len(pool)]``."""
+    """One plain batched forward over the pool: inputs sorted by length, longest first (so a
+    forward holds at most about ``PASS_TOKENS`` tokens, as in ``evaluate``), right-padded.
+    With ``targets`` (untimed check), each row read by its text's target, ``[len(pool)]``."""
     pad = bench.tokenizer.pad_token_id or 0
-    order = sorted(range(len(pool)), key=lambda i: pool.items[i].input_ids.numel())
+    order = sorted(range(len(pool)), key=lambda i: -pool.items[i].input_ids.numel())
     out = np.full(len(pool), np.nan) if targets is not None else None
     start = 0
     with torch.no_grad():
