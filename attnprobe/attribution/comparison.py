@@ -37,7 +37,7 @@ from attnprobe.attribution.comparison_result import (
 )
 from attnprobe.attribution.methods import attribute_inputs
 from attnprobe.attribution.metrics import agreement, truth_scores
-from attnprobe.attribution.targets import parse_target
+from attnprobe.attribution.targets import parse_target, refixed
 from attnprobe.attribution.view_base import View, ViewInput
 from attnprobe.attribution.view_common import check_query, prefix_map
 from attnprobe.attribution.views import build_views, run_views
@@ -59,18 +59,6 @@ __all__ = ["AGREEMENT_COLUMNS", "DEFAULT_METHODS", "DEFAULT_VIEWS", "STEP_COLUMN
 
 DEFAULT_METHODS = ("integrated_gradients", "saliency", "input_x_gradient", "leave_one_out")
 DEFAULT_VIEWS = ("raw", "rollout", "attn_x_grad", "norm")
-
-
-def _fixed(target: Any, spec: str, model: nn.Module, tokenizer: Any) -> Any:
-    """The target the attention views explain for one text: the one the methods fixed there
-    (``next-token`` -> ``next-token:ID``), so attention × gradient follows the same token and
-    names it; ready targets as they are."""
-    if target.ready:
-        return target
-    try:
-        return parse_target(spec, model, tokenizer)
-    except InputError:  # a custom target whose fixed spec is no parseable spec
-        return target
 
 
 def _truth_mask(truth: Sequence[bool] | torch.Tensor, tokens: tuple[str, ...],
@@ -167,7 +155,7 @@ def _one_text(job: _Job, bar: StepBar, item: tuple[str, Text, Any]
                              example_ids=[example], on_method=on_method, options=job.options,
                              corpus=job.corpus)
     found = _magnitudes(found, example)
-    fixed = _fixed(job.target, found[0].target, job.model, job.tokenizer)
+    fixed = refixed(job.target, found[0].target, job.model, job.tokenizer)
     if job.views:
         bar.begin(f"text {example}: attention views")
     seen = run_views(job.views, ViewInput(

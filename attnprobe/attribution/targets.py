@@ -44,7 +44,7 @@ from attnprobe.core.registry import Registry, one_of
 from attnprobe.errors import InputError
 from attnprobe.inputs.text import encode, model_inputs
 
-__all__ = ["TARGET_KINDS", "Target", "TargetFn", "parse_target"]
+__all__ = ["TARGET_KINDS", "Target", "TargetFn", "parse_target", "refixed"]
 
 Inputs = Mapping[str, torch.Tensor]
 # what a target computes, and what the views that explain one take: a Target is one
@@ -138,6 +138,24 @@ def parse_target(spec: str | Target | Callable[[Any, Inputs], torch.Tensor], mod
         return Target("custom", spec)
     raise InputError(f"target must be a spec such as 'class:1', a Target or a callable "
                      f"(output, inputs) -> Tensor[batch]; got {type(spec).__name__}")
+
+
+def refixed(target: Target, spec: str, model: nn.Module, tokenizer: Any) -> Target:
+    """``target`` as the methods fixed it on a text, rebuilt from the spec they recorded
+    (``next-token`` -> ``next-token:ID``), so the attention views follow the same token;
+    ready targets (and a custom one, whose spec parses to nothing) as they are.
+
+    Example:
+        >>> target = parse_target("next-token", lm, lm_tok)
+        >>> refixed(target, "next-token:7", lm, lm_tok).spec
+        'next-token:7'
+    """
+    if target.ready:
+        return target
+    try:
+        return parse_target(spec, model, tokenizer)
+    except InputError:  # a custom target whose fixed spec is no parseable spec
+        return target
 
 
 # ---------------------------------------------------------------------------- reading outputs

@@ -19,7 +19,7 @@ from torch import nn
 from attnprobe.attribution.attribution_options import AttributionOptions
 from attnprobe.attribution.comparison_result import split_source
 from attnprobe.attribution.methods import attribute_inputs
-from attnprobe.attribution.targets import Target, parse_target
+from attnprobe.attribution.targets import Target, refixed
 from attnprobe.attribution.view_base import View, ViewInput
 from attnprobe.attribution.views import run_views
 from attnprobe.core.corpus_options import CorpusOptions
@@ -98,7 +98,7 @@ def _fixed_target(job: SourceJob, found: Sequence[TokenAttribution],
     if job.target.ready:
         return job.target
     if found:
-        return parse_target(found[0].target, job.model, job.tokenizer)
+        return refixed(job.target, found[0].target, job.model, job.tokenizer)
     inputs = model_inputs(job.model, dict(given))
     with torch.no_grad():
         return job.target.fixed(job.model(**inputs), inputs)
