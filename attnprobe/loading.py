@@ -1,13 +1,16 @@
-"""Load models by name: the embedded default, reference models, or a local HF directory."""
+"""Load models by name: the embedded default, reference models, a local HF directory or a
+hub id in the user's cache, placed as asked (:mod:`attnprobe.load_options`)."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnprobe.capture.info import causal_of
@@ -15,6 +18,8 @@ from attnprobe.core.optional import require
 from attnprobe.core.tokens import special_template
 from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
 from attnprobe.inputs.token_ids import input_vocab_size
+from attnprobe.load_options import LoadOptions, check_fits
+from attnprobe.weights.residence import is_offloaded
 
 DEFAULT_MODEL = "minilm"
 REF_PREFIX = "ref:"
@@ -106,7 +111,7 @@ def _check_pairing(model: nn.Module, tokenizer: Any, path: Path) -> None:
                           stacklevel=4)
 
 
-def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
+def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     transformers = require("transformers")
     broken_weights = (OSError, EOFError, RuntimeError, KeyError,
@@ -118,10 +123,13 @@ def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FileFormatError(f"{path / 'config.json'} is not a usable model config: "
                               f"{_reason(exc)}") from None
+    check_fits(config, options)
     model_class = _model_class(transformers, config)
+    kwargs = {**options.from_pretrained_keywords(), **kwargs}
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of a .bin
             warnings.filterwarnings("ignore", module="torch._weights_only_unpickler")
+            warnings.filterwarnings("ignore", message=".*offloaded to the")
             model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
     except pickle.UnpicklingError:  # torch.load(weights_only=True) met a non-tensor object
         raise FileFormatError(f"{path}: the .bin checkpoint holds objects other than tensors, "
@@ -129,11 +137,12 @@ def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
                               "checkpoints load)") from None
     except broken_weights as exc:
         raise FileFormatError(f"cannot load the weights in {path}: {_reason(exc)}") from None
-    except (ValueError, TypeError) as exc:  # mostly options from_pretrained refuses
-        what = f" with {kwargs}" if kwargs else ""
+    except (ValueError, TypeError, ImportError) as exc:  # mostly options it refuses
+        what = f" with {_shown(kwargs)}" if kwargs else ""
         error = InputError if kwargs else FileFormatError
         raise error(f"cannot load the model in {path}{what}: {_reason(exc)}") from None
-    if any(p.device.type == "meta" for p in model.parameters()):
+    if any(p.device.type == "meta" and not is_offloaded(m) for m in model.modules()
+           for p in m.parameters(recurse=False)):
         raise InputError(f"the model in {path} was loaded without its weights (on the 'meta' "
                          "device); load it without device_map='meta'")
     try:
@@ -145,14 +154,55 @@ def _load_hf(path: Path, **kwargs: Any) -> tuple[nn.Module, Any]:
     return model.eval(), tokenizer
 
 
-def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> tuple[nn.Module, Any]:
+def _shown(kwargs: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}={type(v).__name__ if k == 'quantization_config' else v!r}"
+                           for k, v in kwargs.items()) + "}"
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The folder of ``repo_id``'s snapshot in the user's HuggingFace cache (``HF_HOME`` /
+    ``HF_HUB_CACHE``, laid out as the hub lays it out), or None when it is not there. Nothing
+    is downloaded."""
+    if not _HUB_ID.fullmatch(repo_id):
+        return None
+    hub = require("huggingface_hub")
+    try:
+        return Path(hub.snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError, hub.errors.LocalEntryNotFoundError):
+        return None
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
+
+
+def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
+               device: str | torch.device | None = None,
+               device_map: str | Path | dict[str, Any] | None = None,
+               max_memory: str | dict[Any, Any] | None = None,
+               offload_folder: str | Path | None = None, quantization: str | None = None,
+               **kwargs: Any) -> tuple[nn.Module, Any]:
     """Return ``(model, tokenizer)`` in eval mode, loaded offline.
 
     Args:
         name: ``"minilm"`` (embedded default), ``"ref:<name>"`` (an attnprobe reference
-            model, see ``attnprobe models``), or a local HuggingFace model directory.
+            model, see ``attnprobe models``), a local HuggingFace model directory, or a hub id
+            (``org/name``) already in the user's HuggingFace cache (nothing is downloaded).
+        dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (or a ``torch.dtype``); the default is
+            float32 (a reference model keeps its own).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``: the whole model there.
+        device_map: ``"auto"``, ``"balanced"``, a JSON file or a ``{module: device}`` dict
+            (``"disk"`` offloads to ``offload_folder``), through accelerate
+            (``attnprobe[big]``).
+        max_memory: ``"0=20GiB,cpu=60GiB"`` or a dict: per-device caps of the placement.
+        offload_folder: where offloaded weights are kept.
+        quantization: ``"int8"``, ``"int4"`` (optimum-quanto on the CPU) or ``"nf4"``
+            (bitsandbytes, CUDA); see :data:`attnprobe.load_options.QUANTIZATIONS`.
         **kwargs: passed to ``from_pretrained`` (e.g. ``attn_implementation="eager"``).
             By default HF models load the default way (SDPA); capture works on them.
+
+    Every option is checked before anything is read (:class:`~attnprobe.load_options.
+    LoadOptions`): an unknown device or dtype, a missing back-end, an unwritable offload
+    folder or a ``max_memory`` below one layer is a one-line error naming the fix.
 
     Example:
         >>> model, tok = ap.load_model("minilm")        # the packaged default, offline
@@ -161,24 +211,43 @@ def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> tuple[nn.Module, Any
         >>> ref, ref_tok = ap.load_model("ref:transformer")   # a reference model, by name
         >>> type(ref).__name__, ref.training
         ('TransformerModel', False)
+        >>> half, _ = ap.load_model("minilm", dtype="bf16")
+        >>> next(half.parameters()).dtype
+        torch.bfloat16
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelNotFoundError("model name must be a non-empty string")
+    options = LoadOptions(dtype, device, device_map, max_memory, offload_folder,
+                          quantization).checked()
+    for note in options.warnings:
+        warnings.warn(note, UserWarning, stacklevel=2)
     if name == DEFAULT_MODEL:
-        model, tokenizer = _load_hf(minilm_path(), **kwargs)
+        model, tokenizer = _load_hf(minilm_path(), options, **kwargs)
         model.attnprobe_name = DEFAULT_MODEL
         return model, tokenizer
     if name.startswith(REF_PREFIX):
-        from attnprobe.models import REFERENCE_MODELS, build_reference
-
-        ref = name[len(REF_PREFIX):]
-        if ref not in REFERENCE_MODELS:
-            raise ModelNotFoundError(f"unknown reference model {ref!r}; choose one of "
-                                     f"{', '.join(REF_PREFIX + n for n in REFERENCE_MODELS)}")
-        return build_reference(ref)
+        return _load_reference(name[len(REF_PREFIX):], options)
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").exists():
-        return _load_hf(path, **kwargs)
+        return _load_hf(path, options, **kwargs)
+    snapshot = None if path.exists() else hub_snapshot(name)
+    if snapshot is not None and (snapshot / "config.json").exists():
+        return _load_hf(snapshot, options, **kwargs)
     raise ModelNotFoundError(
-        f"model {name!r} not found: use 'minilm', 'ref:<name>' or a local HuggingFace model "
-        "directory (nothing is downloaded)")
+        f"model {name!r} not found: use 'minilm', 'ref:<name>', a local HuggingFace model "
+        "directory or a hub id already in your HuggingFace cache (nothing is downloaded; "
+        "fetch it first with `hf download ORG/NAME`)")
+
+
+def _load_reference(ref: str, options: LoadOptions) -> tuple[nn.Module, Any]:
+    from attnprobe.models import REFERENCE_MODELS, build_reference
+
+    if ref not in REFERENCE_MODELS:
+        raise ModelNotFoundError(f"unknown reference model {ref!r}; choose one of "
+                                 f"{', '.join(REF_PREFIX + n for n in REFERENCE_MODELS)}")
+    if options.device_map is not None or options.quantization is not None:
+        raise InputError(f"{REF_PREFIX}{ref} is a reference model built in memory: "
+                         "--device-map, --max-memory, --offload-folder and --quantization "
+                         "apply to HuggingFace checkpoints; use --dtype and --device")
+    model, tokenizer = build_reference(ref)
+    return model.to(device=options.device, dtype=options.torch_dtype), tokenizer

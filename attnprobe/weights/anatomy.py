@@ -48,6 +48,7 @@ from attnprobe.weights.head_weights import (
     split_in,
     split_out,
 )
+from attnprobe.weights.residence import dequantized, loaded
 
 __all__ = ["ANATOMIES", "REFUSALS", "Anatomy", "DecompositionError", "Layer", "anatomy"]
 
@@ -121,10 +122,13 @@ class Anatomy:
 
     def embedding(self) -> torch.Tensor:
         """``W_E [vocab, d_model]``, detached."""
-        weight = getattr(self.embed, "weight", None)
+        with loaded(self.embed):
+            weight = getattr(self.embed, "weight", None)
+            if isinstance(weight, torch.Tensor):
+                weight = dequantized(weight, self.embed)
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             raise InputError(f"{self.name}: its input embedding has no [vocab, d_model] weight")
-        return weight.detach()
+        return weight
 
     def unembedding(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(W_U [d_model, vocab], b_U [vocab] or None)``: ``logits = y @ W_U + b_U``."""

@@ -20,13 +20,13 @@ centring the norm applies), so ``q = x̂ @ W_Q' + b_Q'`` with ``x̂ = C(x) / s(x
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from attnprobe.errors import InputError
+from attnprobe.weights.residence import dequantized, detached_copy, loaded
 
 __all__ = ["HeadWeights", "NormSpec", "read_norm", "row_matrix", "split_in", "split_out"]
 
@@ -35,11 +35,23 @@ _FIT_TOLERANCE = 1e-4  # relative; the probe ignores eps (≈ 1e-5 / 9 of the va
 
 
 def row_matrix(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(W [in, out], b [out] or None)`` with ``module(x) = x @ W + b``, detached.
+    """``(W [in, out], b [out] or None)`` with ``module(x) = x @ W + b``, detached, read from
+    wherever the module keeps them (loaded by its offload hook for the read only, a quantized
+    weight dequantized: :mod:`attnprobe.weights.residence`).
 
     Serves ``nn.Linear`` (``weight [out, in]``) and transformers' ``Conv1D`` (``weight [in,
     out]``, ``nf`` output features)."""
-    weight = getattr(module, "weight", None)
+    with loaded(module):
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            weight = dequantized(weight, module)
+        bias = getattr(module, "bias", None)
+        bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+    return _as_rows(module, weight, bias)
+
+
+def _as_rows(module: nn.Module, weight: object, bias: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
         raise InputError(f"{type(module).__name__} is not a linear projection (no 2-D weight)")
     if isinstance(module, nn.Linear):
@@ -49,8 +61,7 @@ def row_matrix(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     else:
         raise InputError(f"{type(module).__name__} is neither nn.Linear nor a Conv1D; its "
                          "weights cannot be read as a projection")
-    bias = getattr(module, "bias", None)
-    return matrix.detach(), bias.detach() if isinstance(bias, torch.Tensor) else None
+    return matrix.detach(), bias
 
 
 def split_in(matrix: torch.Tensor, n: int) -> torch.Tensor:
@@ -108,7 +119,8 @@ def read_norm(module: nn.Module, d_model: int, where: str = "") -> NormSpec:
     Raises:
         InputError: the module is not ``normalise(x) ⊙ weight + bias`` for either centring.
     """
-    probe = copy.deepcopy(module).to(device="cpu", dtype=torch.float32)
+    with loaded(module):
+        probe = detached_copy(module).to(device="cpu", dtype=torch.float32)
     generator = torch.Generator().manual_seed(0)
     x = 3 * torch.randn(_PROBE_ROWS, d_model, generator=generator) \
         + 2 * torch.randn(_PROBE_ROWS, 1, generator=generator)  # rows with a mean: C matters
