@@ -31,7 +31,7 @@ from attnprobe.core.optional import require
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError, MissingExtraError, OutputError
 
-__all__ = ["DEVICE_MAPS", "DTYPES", "QUANTIZATIONS", "LoadOptions", "Quantization",
+__all__ = ["DEVICE_MAPS", "DTYPES", "QUANTIZATIONS", "LoadOptions", "LoadWarning", "Quantization",
            "check_fits", "parse_max_memory", "parse_size", "size_text"]
 
 DTYPES: dict[str, torch.dtype] = {
@@ -46,6 +46,11 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class LoadWarning(UserWarning):
+    """A note on how a model is being loaded (:attr:`LoadOptions.warnings`: fp16 on the CPU),
+    its own category so that a command loading two models the same way says it once."""
 
 
 @dataclass(frozen=True)
@@ -218,9 +223,9 @@ class LoadOptions:
         if device_map is not None:
             _need("accelerate", "accelerate", "big", "--device-map / --max-memory / "
                   "--offload-folder")
-        folder = self._offload_folder()
         if self.quantization is not None:
             self.quantizer(device or _first_device(device_map, caps))
+        folder = self._offload_folder()
         notes = []
         if dtype == torch.float16 and (device is None or device.type == "cpu") \
                 and device_map is None:
@@ -289,12 +294,16 @@ class LoadOptions:
         return found
 
     def _offload_folder(self) -> Path | None:
+        """The offload folder, checked writable without creating it: a refused load leaves
+        nothing behind (the loader creates it just before the weights are placed)."""
         if self.offload_folder is None:
             return None
-        folder = Path(self.offload_folder).expanduser()
+        folder = Path(self.offload_folder).expanduser().absolute()
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder):
+            if not existing.is_dir():
+                raise NotADirectoryError(20, "a file stands in the way", str(existing))
+            with tempfile.NamedTemporaryFile(dir=existing):
                 pass
         except OSError as exc:
             raise OutputError(f"the offload folder {folder} is not writable "

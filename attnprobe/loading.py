@@ -3,10 +3,13 @@ hub id in the user's cache, placed as asked (:mod:`attnprobe.load_options`)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from attnprobe.core.optional import require
 from attnprobe.core.tokens import special_template
 from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
 from attnprobe.inputs.token_ids import input_vocab_size
-from attnprobe.load_options import LoadOptions, check_fits
+from attnprobe.load_options import LoadOptions, LoadWarning, check_fits
 from attnprobe.weights.residence import is_offloaded
 
 DEFAULT_MODEL = "minilm"
@@ -126,10 +129,12 @@ def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module
     check_fits(config, options)
     model_class = _model_class(transformers, config)
     kwargs = {**options.from_pretrained_keywords(), **kwargs}
+    if options.offload_folder is not None:  # checked writable, created only now
+        Path(options.offload_folder).mkdir(parents=True, exist_ok=True)
     try:
-        with warnings.catch_warnings():  # torch warns about the pickle protocol of a .bin
+        with warnings.catch_warnings(), quiet_offload_note():
+            # torch warns about the pickle protocol of a .bin
             warnings.filterwarnings("ignore", module="torch._weights_only_unpickler")
-            warnings.filterwarnings("ignore", message=".*offloaded to the")
             model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
     except pickle.UnpicklingError:  # torch.load(weights_only=True) met a non-tensor object
         raise FileFormatError(f"{path}: the .bin checkpoint holds objects other than tensors, "
@@ -159,20 +164,57 @@ def _shown(kwargs: dict[str, Any]) -> str:
                            for k, v in kwargs.items()) + "}"
 
 
+def hub_cache() -> Path:
+    """The user's HuggingFace hub cache as the environment names it now (``HF_HUB_CACHE``,
+    else ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``),
+    by huggingface_hub's own precedence. huggingface_hub reads these variables once, when it
+    is imported, so a cache named afterwards (a test, a notebook) would otherwise be missed."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") \
+        or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
 def hub_snapshot(repo_id: str) -> Path | None:
-    """The folder of ``repo_id``'s snapshot in the user's HuggingFace cache (``HF_HOME`` /
-    ``HF_HUB_CACHE``, laid out as the hub lays it out), or None when it is not there. Nothing
-    is downloaded."""
+    """The folder of ``repo_id``'s snapshot (``refs/main``) in the user's HuggingFace cache
+    (:func:`hub_cache`, laid out as the hub lays it out), or None when it is not there.
+    Nothing is downloaded: only the cache is read."""
     if not _HUB_ID.fullmatch(repo_id):
         return None
     hub = require("huggingface_hub")
     try:
-        return Path(hub.snapshot_download(repo_id, local_files_only=True))
+        return Path(hub.snapshot_download(repo_id, cache_dir=hub_cache(),
+                                          local_files_only=True))
     except (OSError, ValueError, hub.errors.LocalEntryNotFoundError):
         return None
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|[A-Za-z0-9][\w.-]*")
+
+OFFLOAD_NOTE = "Some parameters are on the meta device because they were offloaded"
+"""accelerate logs this on every offloaded load; for attnprobe it is the expected state (the
+weights are read through the offload hooks), so loading leaves it out."""
+
+
+class _DropOffloadNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(OFFLOAD_NOTE)
+
+
+@contextlib.contextmanager
+def quiet_offload_note() -> Iterator[None]:
+    """Leave accelerate's :data:`OFFLOAD_NOTE` out while this block runs; every other
+    message of accelerate's loggers still shows."""
+    note_filter = _DropOffloadNote()
+    logger = logging.getLogger("accelerate.big_modeling")
+    logger.addFilter(note_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note_filter)
 
 
 def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
@@ -220,7 +262,7 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
     options = LoadOptions(dtype, device, device_map, max_memory, offload_folder,
                           quantization).checked()
     for note in options.warnings:
-        warnings.warn(note, UserWarning, stacklevel=2)
+        warnings.warn(note, LoadWarning, stacklevel=2)
     if name == DEFAULT_MODEL:
         model, tokenizer = _load_hf(minilm_path(), options, **kwargs)
         model.attnprobe_name = DEFAULT_MODEL
@@ -233,10 +275,11 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
     snapshot = None if path.exists() else hub_snapshot(name)
     if snapshot is not None and (snapshot / "config.json").exists():
         return _load_hf(snapshot, options, **kwargs)
+    fetch = name if _HUB_ID.fullmatch(name) and not path.exists() else "ORG/NAME"
     raise ModelNotFoundError(
         f"model {name!r} not found: use 'minilm', 'ref:<name>', a local HuggingFace model "
-        "directory or a hub id already in your HuggingFace cache (nothing is downloaded; "
-        "fetch it first with `hf download ORG/NAME`)")
+        f"directory or a hub id already in your HuggingFace cache ({hub_cache()}; nothing "
+        f"is downloaded: fetch it first with `hf download {fetch}`)")
 
 
 def _load_reference(ref: str, options: LoadOptions) -> tuple[nn.Module, Any]:

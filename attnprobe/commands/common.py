@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnprobe.commands.load_args import model_args
 from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.distributed import start_group, torchrun_env
 from attnprobe.core.files import atomic_write, check_outputs
@@ -127,8 +128,7 @@ def scope_value(text: str) -> Scope:
 
 # ------------------------------------------------------------------------------- options
 def text_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="minilm",
-                        help="minilm (default), ref:<name>, or a local HF model directory")
+    model_args(parser)  # --model and how it is loaded (--dtype, --device-map ...)
     parser.add_argument("--text", action="append", help="a text (repeatable); a tab inside "
                         "makes it a sentence pair when the tokenizer has a pair template "
                         "(BERT's [CLS] a [SEP] b [SEP]), else the tab is kept")

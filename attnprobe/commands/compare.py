@@ -50,12 +50,13 @@ the tokens generated before it: the table gets step, position and token columns.
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from attnprobe.attribution.comparison import compare
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.loading import load_model
 
     out, summary_out = check_tables(args, ("--out", args.out), ("--summary", args.summary))
     texts = texts_from_args(args)
     generation = generation_options(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     with distributed_group(args.distributed) as (rank, world):
         result = compare(model, tokenizer, texts, args.target, methods=args.methods,
                          views=args.views, query=args.query, n_steps=args.n_steps,

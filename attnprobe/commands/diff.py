@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from typing import Any
 
 import pandas as pd
@@ -35,7 +36,9 @@ changed. --scores: every score in long form (score, a, b, change).
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.heads.checkpoint_diff import diff
+    from attnprobe.load_options import LoadWarning
     from attnprobe.loading import load_model
 
     out, layers_out, scores_out = check_tables(args, ("--out", args.out),
@@ -43,8 +46,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
                                                ("--scores", args.scores))
     with distributed_group(args.distributed) as (rank, world):
         texts, trees = corpus_from_args(args)
-        model_a, tokenizer = load_model(args.model)
-        model_b, tokenizer_b = load_model(args.model_b)
+        model_a, tokenizer = load_model(args.model, **load_options_of(args, "a"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LoadWarning)  # same options: said for model a
+            model_b, tokenizer_b = load_model(args.model_b, **load_options_of(args, "b"))
         result = diff(model_a, model_b, tokenizer, texts, trees=trees, tokenizer_b=tokenizer_b,
                       syntax=args.syntax if texts else None, repeated=not args.no_repeated,
                       corpus=corpus_of(args, world=world))
@@ -84,8 +89,7 @@ def register(sub: Any) -> None:
                           "(default 0)")
     parser.add_argument("--model-b", required=True,
                         help="the second checkpoint (after), the same shape and kind of "
-                             "attention (causal or not) as --model: minilm, ref:<name> or a "
-                             "local HF model directory")
+                             "attention (causal or not) as --model, loaded the same way")
     parser.add_argument("--conllu", help="a CoNLL-U file of dependency trees (instead of text)")
     parser.add_argument("--out", default="diff.csv",
                         help="per-head table: .csv, .parquet or .json (default diff.csv)")

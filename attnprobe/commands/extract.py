@@ -57,13 +57,14 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from attnprobe.capture import extract
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.heads.summary import in_scope, summarize
     from attnprobe.loading import load_model
     from attnprobe.types import save_maps
 
     out, bertviz = _outputs(args)
     texts = texts_from_args(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     generation = generation_options(args)
     with distributed_group(args.distributed) as (rank, world):
         corpus = corpus_of(args, world=world)

@@ -118,6 +118,7 @@ def _shown(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.faithfulness.evaluate import evaluate
     from attnprobe.loading import load_model
 
@@ -129,7 +130,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         require("matplotlib.figure")  # a missing extra is refused before the run
     options = _options(args)
     texts = texts_from_args(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     with distributed_group(args.distributed) as (rank, world):
         corpus = corpus_of(args, world=world)
         if args.budget is not None:

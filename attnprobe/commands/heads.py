@@ -28,11 +28,12 @@ def _run_census(args: argparse.Namespace, *, syntax: bool, similarity: bool, rep
                 from_agg: str = "mean", world: int = 1, rank: int = 0,
                 probe_length: int | None = None) -> Any:
     """Load the model, read the sentences, run the census; report skipped sentences."""
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.heads.head_census import census
     from attnprobe.loading import load_model
 
     texts, trees = corpus_from_args(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     result = census(model, tokenizer, texts, trees=trees, syntax=syntax if texts else None,
                     similarity=similarity, repeated=repeated, probe_length=probe_length,
                     from_agg=from_agg, corpus=corpus_of(args, world=world))

@@ -24,6 +24,7 @@ from attnprobe.commands.common import (
     write_table,
     wrote,
 )
+from attnprobe.commands.load_args import model_args
 from attnprobe.core.experiments import experiment_lines
 from attnprobe.core.files import check_outputs
 from attnprobe.core.metric_kind import metric_forms, metric_help
@@ -116,6 +117,7 @@ def _print(table: pd.DataFrame, experiment: str, args: argparse.Namespace) -> No
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.loading import load_model
     from attnprobe.patch import agreement, run
     from attnprobe.patch.bootstrap import check_ci
@@ -134,7 +136,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     if refusal is not None:
         raise AttnProbeError(refusal)
     clean, corrupt = _side(args, "clean"), _side(args, "corrupt")
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     with distributed_group(args.distributed) as (rank, world):
         corpus = corpus_of(args, world=world)  # every head unless --scope (refused above)
         table = run(model, tokenizer, clean, corrupt, args.metric, args.experiment,
@@ -164,8 +166,7 @@ def register(sub: Any) -> None:
                             "residual-stream and MLP patching (clean vs corrupted inputs)",
                             epilog=epilog,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="minilm",
-                        help="minilm (default), ref:<name>, or a local HF model directory")
+    model_args(parser)
     parser.add_argument("--experiment", required=True, type=experiment_type(EXPERIMENTS),
                         help=", ".join(spec.name for spec in EXPERIMENTS.values())
                         + " (below)")

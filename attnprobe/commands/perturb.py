@@ -115,13 +115,14 @@ def head_grid(table: pd.DataFrame) -> tuple[str, pd.DataFrame] | None:
 
 
 def cmd_perturb(args: argparse.Namespace) -> int:
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.loading import load_model
     from attnprobe.perturb.experiments import run
 
     (out,) = check_tables(args, ("--out", args.out))
     keywords = option_keywords(args, _options(), args.experiment)
     texts = texts_from_args(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     with distributed_group(args.distributed) as (rank, world):
         corpus = corpus_of(args, world=world)
         table = run(model, tokenizer, texts, args.experiment, corpus=corpus,

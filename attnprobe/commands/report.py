@@ -66,6 +66,7 @@ causal sections leave them out and say so. It needs no network: open it from dis
 def cmd_report(args: argparse.Namespace) -> int:
     """Parse the options, run :func:`attnprobe.report.from_model` (or read saved maps), write
     the page."""
+    from attnprobe.commands.load_args import load_options_of
     from attnprobe.loading import load_model
     from attnprobe.report import from_model
 
@@ -79,7 +80,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     texts = texts_from_args(args)
     generation = generation_options(args)
     patching = _patching(args)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, **load_options_of(args))
     with distributed_group(args.distributed) as (rank, world):
         page = from_model(model, tokenizer, texts, corpus=corpus_of(args, world=world),
                           syntax=args.syntax, view_texts=args.view_texts, target=args.target,
