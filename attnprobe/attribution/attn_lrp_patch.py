@@ -142,7 +142,7 @@ def _is_activation(module: nn.Module) -> bool:
 
 
 def _activation(module: nn.Module, epsilon: float, swap: Swap) -> None:
-    own = module.forward
+    own = own_forward(module)
     swap(module, lambda x: lrp_activation(x, own, epsilon))
 
 
@@ -161,7 +161,7 @@ def _gate(module: nn.Module, epsilon: float, swap: Swap) -> None:
     # down(act(gate(x)) * up(x)): each factor only feeds the product, so halving both
     # factors' gradients makes the product's gradient the uniform rule
     for part in (module.act_fn, module.up_proj):
-        own = part.forward
+        own = own_forward(part)
         swap(part, lambda *args, _own=own, **kwargs: half_gradient(_own(*args, **kwargs)))
 
 
@@ -291,16 +291,31 @@ def _switched(model: nn.Module) -> Iterator[None]:
             config._attn_implementation_internal = implementation
 
 
+def _seat(module: nn.Module) -> str:
+    """The attribute holding the forward a rule replaces: ``_old_forward`` under an
+    accelerate hook, which calls it between loading the module's offloaded weights and
+    putting them back (replacing ``forward`` would skip the hook and meet ``meta``
+    weights); ``forward`` otherwise."""
+    hooked = "_hf_hook" in module.__dict__ and "_old_forward" in module.__dict__
+    return "_old_forward" if hooked else "forward"
+
+
+def own_forward(module: nn.Module) -> Callable[..., Any]:
+    """The forward a wrapping rule wraps (inside any accelerate hook: :func:`_seat`)."""
+    return getattr(module, _seat(module))
+
+
 @contextmanager
 def _swapped_forwards(model: nn.Module, rules: tuple[str, ...], epsilon: float
                       ) -> Iterator[int]:
     """Replace the forward of every module a rule in ``rules`` matches; yield how many."""
-    saved: list[tuple[nn.Module, Any]] = []
+    saved: list[tuple[nn.Module, str, Any]] = []
     missing = object()
 
     def swap(module: nn.Module, forward: Callable[..., Any]) -> None:
-        saved.append((module, module.__dict__.get("forward", missing)))
-        module.forward = forward
+        seat = _seat(module)
+        saved.append((module, seat, module.__dict__.get(seat, missing)))
+        setattr(module, seat, forward)
 
     try:
         chosen = [MODULE_RULES.get(name) for name in rules if name != ATTENTION_RULE]
@@ -310,11 +325,11 @@ def _swapped_forwards(model: nn.Module, rules: tuple[str, ...], epsilon: float
                     rule.install(module, epsilon, swap)
         yield len(saved)
     finally:
-        for module, forward in reversed(saved):  # later swaps wrapped earlier ones
+        for module, seat, forward in reversed(saved):  # later swaps wrapped earlier ones
             if forward is missing:
-                module.__dict__.pop("forward", None)
+                module.__dict__.pop(seat, None)
             else:
-                module.forward = forward
+                setattr(module, seat, forward)
 
 
 @contextmanager

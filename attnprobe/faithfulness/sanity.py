@@ -22,8 +22,9 @@ from attnprobe.core.display import counted
 from attnprobe.errors import InputError
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import anatomy
+from attnprobe.weights.residence import is_offloaded, quantized_modules
 
-__all__ = ["randomized_copy", "sanity_rows", "top_blocks"]
+__all__ = ["check_copyable", "randomized_copy", "sanity_rows", "top_blocks"]
 
 
 def top_blocks(model: nn.Module, n: int | None) -> list[nn.Module]:
@@ -57,6 +58,24 @@ def _reinitialise(model: nn.Module, module: nn.Module) -> None:
         reset()
 
 
+def check_copyable(model: nn.Module) -> None:
+    """Refuse, in one line naming the fix, a model whose copy cannot be re-initialised:
+    an offloaded one (its weights wait on ``meta`` and the copy's offload hooks would load
+    the *original* weights back over the redrawn ones, after copying accelerate's weight
+    maps, the whole offloaded model) or a quantized one (its integer weights cannot take the
+    initialiser's floating values)."""
+    offloaded = [name for name, module in model.named_modules() if is_offloaded(module)]
+    if offloaded:
+        raise InputError(f"the sanity check re-initialises a copy of the model, and {offloaded[0]}"
+                         " is offloaded (device map with CPU/disk offload): load the model "
+                         "without --device-map/--offload-folder, or leave sanity off")
+    quantized = quantized_modules(model)
+    if quantized:
+        raise InputError(f"the sanity check re-initialises a copy of the model's weights, and "
+                         f"{quantized[0]} holds quantized weights: load the model without "
+                         "--quantization, or leave sanity off")
+
+
 def randomized_copy(model: nn.Module, n: int | None, *, seed: int = 0) -> nn.Module:
     """A copy of ``model`` with its top ``n`` blocks re-initialised (seeded), in eval mode;
     ``model`` is untouched.
@@ -67,6 +86,7 @@ def randomized_copy(model: nn.Module, n: int | None, *, seed: int = 0) -> nn.Mod
         >>> bool((top != model.encoder.layer[5].attention.self.query.weight).any())
         True
     """
+    check_copyable(model)
     top_blocks(model, n)  # refused before the copy
     clone = copy.deepcopy(model).eval()
     with torch.random.fork_rng(devices=[]):

@@ -211,12 +211,22 @@ def _run_c(job: Job, runs: Any, recorded: dict[str, dict[int, torch.Tensor]],
     """Run C (module docstring): ``[copies, example]`` metric with the receivers' inputs
     replaced by ``recorded``."""
     parts = []
+    moved: dict[tuple[str, int, torch.device], torch.Tensor] = {}  # once per layer's device
+
+    def heads_on(name: str, layer: int, device: torch.device) -> torch.Tensor | None:
+        heads = targets[name].get(layer)
+        if heads is None or heads.device == device:
+            return heads
+        if (name, layer, device) not in moved:
+            moved[(name, layer, device)] = heads.to(device)
+        return moved[(name, layer, device)]
+
     for name in targets:
         def receive(layer: int, tensor: torch.Tensor, name: str = name) -> torch.Tensor:
-            heads = targets[name].get(layer)
+            heads = heads_on(name, layer, tensor.device)
             if heads is not None:
-                heads = heads.to(tensor.device)
-                tensor[:, heads] = recorded[name][layer][:, heads].to(tensor.dtype)
+                tensor[:, heads] = recorded[name][layer][:, heads].to(tensor.device,
+                                                                       tensor.dtype)
             return tensor
         parts.append(rewriter(site_spec(name), receive))
     layers = sorted({la for found in targets.values() for la in found})

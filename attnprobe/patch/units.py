@@ -166,6 +166,10 @@ class _Index:
     examples: torch.Tensor  # [n] row of the source tensor
     positions: torch.Tensor | None  # [n], or None: every position
 
+    def to(self, device: torch.device) -> _Index:
+        return _Index(self.rows.to(device), self.heads.to(device), self.examples.to(device),
+                      None if self.positions is None else self.positions.to(device))
+
 
 class RowPatch:
     """Row ``k·b + t`` of a forward takes unit ``k``'s heads (at its position) from row ``t``
@@ -182,6 +186,9 @@ class RowPatch:
         if len(every) > 1:
             raise InputError("one forward patches at every position or at one each, not both")
         self.layers = tuple(sorted(entries))
+        # per layer, its index on each device a layer's tensor lives on (a dispatched model's
+        # layers sit on several): copied once, not at every forward
+        self.moved: dict[tuple[int, torch.device], _Index] = {}
         self.index: dict[int, _Index] = {}
         for layer, found in entries.items():
             table = torch.tensor(found, dtype=torch.long, device=device)  # [n, 4]
@@ -191,13 +198,21 @@ class RowPatch:
     def apply(self, layer: int, tensor: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """``tensor`` ``[rows, head, position, ...]`` with the patched entries of ``layer``
         copied from ``source`` ``[b, head, position, ...]`` (in place; returned)."""
-        index = self.index.get(layer)
+        index = self._on(layer, tensor.device)
         if index is None:
             return tensor
-        source = source.to(tensor.dtype)
+        source = source.to(tensor.device, tensor.dtype)  # recorded at this layer: no copy
         if index.positions is None:
             tensor[index.rows, index.heads] = source[index.examples, index.heads]
         else:
             tensor[index.rows, index.heads, index.positions] = \
                 source[index.examples, index.heads, index.positions]
         return tensor
+
+    def _on(self, layer: int, device: torch.device) -> _Index | None:
+        index = self.index.get(layer)
+        if index is None or index.rows.device == device:
+            return index
+        if (layer, device) not in self.moved:
+            self.moved[(layer, device)] = index.to(device)
+        return self.moved[(layer, device)]

@@ -28,7 +28,7 @@ from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 
 __all__ = ["DEQUANTIZERS", "dequantized", "detached_copy", "execution_device", "is_offloaded",
-           "is_quantized", "loaded", "quantized_modules"]
+           "is_quantized", "kept", "loaded", "quantized_modules"]
 
 DEQUANTIZERS: Registry[Callable[[torch.Tensor, nn.Module | None], torch.Tensor | None]] = \
     Registry("weight dequantizer")
@@ -72,6 +72,16 @@ def loaded(module: nn.Module) -> Iterator[nn.Module]:
     with align_module_device(module):
         _check_present(module)
         yield module
+
+
+def kept(tensor: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``tensor`` (read from ``module`` inside :func:`loaded`) where a reader that keeps it
+    past the read should hold it: on the CPU for an offloaded module, whose execution device
+    (a GPU) would otherwise hold every offloaded layer's kept weights at once, against the
+    memory the user allowed; where it is for any other module."""
+    if is_offloaded(module) and tensor.device.type != "cpu":
+        return tensor.to("cpu")
+    return tensor
 
 
 def _check_present(module: nn.Module) -> None:
