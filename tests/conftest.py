@@ -34,6 +34,18 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, cores // workers))
 
 
+CUDA_SKIP = "needs a CUDA device: torch.cuda.is_available() is False"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` are skipped, each with the reason, on a machine without CUDA."""
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(pytest.mark.skip(reason=CUDA_SKIP))
+
+
 def track(model: nn.Module) -> nn.Module:
     """Register a model so the autouse guard asserts it carries no hook after every test."""
     _TRACKED.add(model)

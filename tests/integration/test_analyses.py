@@ -84,7 +84,9 @@ OWN_TESTS = ("bench_attribution", "bench_capture", "bench_causal", "bench_census
              "bench_patch",  # tests/analyses/test_bench_patch.py
              "bench_value_zeroing",  # tests/analyses/test_bench_value_zeroing.py
              # tests/analyses/test_faithfulness_study.py
-             "faithfulness_study", "bench_faithfulness")
+             "faithfulness_study", "bench_faithfulness",
+             # tests/integration/test_bench_big.py, test_gpu_check.py (gpu_check needs --device)
+             "bench_big", "gpu_check")
 
 
 @pytest.mark.parametrize("name", NAMES)
