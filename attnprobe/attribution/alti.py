@@ -44,12 +44,25 @@ from attnprobe.inputs.text import Truncation
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import Anatomy, anatomy
 from attnprobe.weights.head_weights import row_matrix
+from attnprobe.weights.residence import loaded
 
 __all__ = ["ALTI_TOLERANCE", "PART_BYTES", "AltiLayer", "AltiView", "alti", "alti_layers",
-           "alti_matrix", "contributions", "iter_alti_layers", "rollout"]
+           "alti_matrix", "alti_tolerance", "contributions", "iter_alti_layers", "rollout"]
 
 ALTI_TOLERANCE = 1e-4
-"""The largest relative gap ``max|Σ_j T_i(x_j) + b_i − y_i| / max|y_i|`` accepted."""
+"""The largest relative gap ``max|Σ_j T_i(x_j) + b_i − y_i| / max|y_i|`` accepted (a float32
+model; a half-precision one: :func:`alti_tolerance`)."""
+
+
+def alti_tolerance(dtype: torch.dtype) -> float:
+    """The gap accepted for a layer computed in ``dtype``: the decomposition is rebuilt in
+    float64 from the values the layer used, which rounded its own output up to 5 times (α·v,
+    the output projection, the residual sum, a post-norm's output), each by at most the unit
+    roundoff relative to the largest entry: ``5u`` (bf16: 0.0195), at least
+    :data:`ALTI_TOLERANCE`."""
+    if not dtype.is_floating_point:
+        return ALTI_TOLERANCE
+    return max(ALTI_TOLERANCE, 5 * torch.finfo(dtype).eps / 2)
 
 PART_BYTES = 256 * 2**20
 """The most memory one block of ``[row, key, d_model]`` float64 parts takes in :func:`alti`
@@ -68,7 +81,7 @@ class AltiLayer:
             may come in several blocks of rows, :func:`iter_alti_layers`).
         bias: ``b_i`` ``[query, d_model]`` (what no token contributes).
         output: the block's own output ``y`` ``[query, d_model]``.
-        gap: the relative reconstruction gap (checked ``<= ALTI_TOLERANCE``).
+        gap: the relative reconstruction gap (checked ``<= alti_tolerance(dtype)``).
         first_row: the query row of ``parts[0]``.
     """
 
@@ -200,8 +213,9 @@ def _decompose(layer: int, block: _Block, alpha: torch.Tensor, value: torch.Tens
         else b.to("cpu", torch.float64)
     if block.post_norm:
         norm = block.norm
-        gamma = norm.weight.detach().to("cpu", torch.float64)
-        beta = norm.bias.detach().to("cpu", torch.float64)
+        with loaded(norm):  # offloaded: on the meta device between forwards
+            gamma = norm.weight.detach().to("cpu", torch.float64)
+            beta = norm.bias.detach().to("cpu", torch.float64)
         pre = u.sum(1) + b_o  # [query, d]: the norm's input, rebuilt
         sigma = (pre.var(-1, unbiased=False) + norm.eps).sqrt()  # [query], frozen
         parts = u.sub_(u.mean(-1, keepdim=True)).mul_((gamma / sigma[:, None])[:, None, :])
@@ -212,9 +226,10 @@ def _decompose(layer: int, block: _Block, alpha: torch.Tensor, value: torch.Tens
         output = x[rows] + store["a"][rows]
     rebuilt = parts.sum(1) + bias
     gap = float((rebuilt - output).abs().max() / output.abs().max().clamp_min(1e-30))
-    if not gap <= ALTI_TOLERANCE:
+    tolerance = alti_tolerance(block.out_proj.weight.dtype)
+    if not gap <= tolerance:
         raise InputError(f"ALTI: the decomposition of {where} does not add up to the layer's "
-                         f"output (relative gap {gap:.2e} > {ALTI_TOLERANCE:g}); the model "
+                         f"output (relative gap {gap:.2e} > {tolerance:g}); the model "
                          "computes something this layout does not describe")
     return AltiLayer(layer, parts, bias, output, gap, rows.start)
 

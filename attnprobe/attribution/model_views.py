@@ -29,6 +29,7 @@ from attnprobe.capture.sites import Site
 from attnprobe.errors import InputError
 from attnprobe.inputs.text import Truncation, encode, model_inputs
 from attnprobe.types import TokenAttribution
+from attnprobe.weights.head_weights import row_matrix
 
 __all__ = ["NORM_FAMILIES", "AttnXGradView", "NormView", "attention_x_gradient", "norm_based",
            "norm_importance"]
@@ -186,9 +187,8 @@ def check_norm_family(model: nn.Module) -> None:
                          f"{model_type or type(model).__name__}")
 
 
-def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
-    """The attention output projection of a site: its weight and whether it is stored
-    ``[in, out]`` (GPT-2's Conv1D) rather than ``[out, in]`` (``nn.Linear``)."""
+def _out_projection(model: nn.Module, site: Site) -> nn.Module:
+    """The attention output projection of a site (``nn.Linear``, or GPT-2's ``Conv1D``)."""
     check_norm_family(model)
     model_type = model.config.model_type
     family = NORM_FAMILIES[model_type]
@@ -198,13 +198,11 @@ def _out_projection(model: nn.Module, site: Site) -> tuple[torch.Tensor, bool]:
         module = model.get_submodule(path)
     except AttributeError:
         module = None
-    weight = getattr(module, "weight", None)
     conv = type(module).__name__ == "Conv1D"
-    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 \
-            or not (isinstance(module, nn.Linear) or conv):
+    if module is None or not (isinstance(module, nn.Linear) or conv):
         raise InputError(f"expected the {family} attention output projection at {path!r} "
                          f"(model type {model_type}); not found")
-    return weight, conv
+    return module
 
 
 def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int], *,
@@ -227,11 +225,11 @@ def norm_parts(model: nn.Module, tokenizer: Any, text: str, layers: Sequence[int
     parts = {}
     for layer in layers:
         site = sites[layer]
-        weight, conv = _out_projection(model, site)
+        # read where the weight lives (an offload hook loads it; int8 is dequantized)
+        w, _ = row_matrix(_out_projection(model, site))
+        w = w.to("cpu", torch.float64)  # [in = head·d_head, out = d_model]
         value = cap.values[0][site][0].to("cpu", torch.float64)  # [head, key, d_head]
         n_heads, _, d_head = value.shape
-        w = weight.detach().to("cpu", torch.float64)
-        w = w if conv else w.T  # [in = head·d_head, out = d_model]
         if w.shape[0] != n_heads * d_head:
             raise InputError(f"output projection of {site.path} takes {w.shape[0]} inputs, not "
                              f"{n_heads} heads × {d_head}")
