@@ -18,11 +18,11 @@ from torch import nn
 
 from attnprobe.capture.info import causal_of
 from attnprobe.core.optional import require
+from attnprobe.core.residence import is_offloaded, quantized_modules
 from attnprobe.core.tokens import special_template
 from attnprobe.errors import FileFormatError, InputError, ModelNotFoundError
 from attnprobe.inputs.token_ids import input_vocab_size
 from attnprobe.load_options import LoadOptions, LoadWarning, check_fits
-from attnprobe.weights.residence import is_offloaded
 
 DEFAULT_MODEL = "minilm"
 REF_PREFIX = "ref:"
@@ -146,6 +146,14 @@ def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module
         what = f" with {_shown(kwargs)}" if kwargs else ""
         error = InputError if kwargs else FileFormatError
         raise error(f"cannot load the model in {path}{what}: {_reason(exc)}") from None
+    if options.quantization is not None and not quantized_modules(model):
+        kinds = sorted({type(m).__name__ for m in model.modules()
+                        if isinstance(getattr(m, "weight", None), torch.Tensor)
+                        and getattr(m.weight, "ndim", 0) == 2})
+        raise InputError(f"--quantization {options.quantization} quantized no layer of "
+                         f"{type(model).__name__} (its back-end quantizes nn.Linear layers; "
+                         f"this model's weights sit in {', '.join(kinds)}); load it without "
+                         "--quantization")
     if any(p.device.type == "meta" and not is_offloaded(m) for m in model.modules()
            for p in m.parameters(recurse=False)):
         raise InputError(f"the model in {path} was loaded without its weights (on the 'meta' "

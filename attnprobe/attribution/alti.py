@@ -39,12 +39,12 @@ from attnprobe.attribution.view_common import Query, one_unpadded_input, read_qu
 from attnprobe.capture import Activations, Keep, capture
 from attnprobe.capture.discovery import hf_sites
 from attnprobe.capture.info import causal_of
+from attnprobe.core.residence import loaded
 from attnprobe.errors import InputError
 from attnprobe.inputs.text import Truncation
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import Anatomy, anatomy
 from attnprobe.weights.head_weights import row_matrix
-from attnprobe.weights.residence import loaded
 
 __all__ = ["ALTI_TOLERANCE", "PART_BYTES", "AltiLayer", "AltiView", "alti", "alti_layers",
            "alti_matrix", "alti_tolerance", "contributions", "iter_alti_layers", "rollout"]

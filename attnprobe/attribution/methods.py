@@ -72,6 +72,7 @@ from attnprobe.core.checks import check_positive_ints
 from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.optional import require
 from attnprobe.core.registry import one_of
+from attnprobe.core.residence import input_device
 from attnprobe.core.tokens import special_ids
 from attnprobe.errors import InputError
 from attnprobe.inputs.prepared import prepare
@@ -256,8 +257,7 @@ def attribute_inputs(model: nn.Module, tokenizer: Any,
     specials = special_ids(tokenizer)
     baseline = baseline_token(tokenizer, input_vocab_size(model))
     unk_id = _token_id(tokenizer, "unk_token_id")
-    first = next(model.parameters(), None)
-    device = first.device if first is not None else torch.device("cpu")
+    device = input_device(model)
     encoded = [_one_input(batch, i) for i, batch in enumerate(inputs)]
     if not encoded:
         raise InputError("no input to attribute")

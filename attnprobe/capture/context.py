@@ -23,6 +23,7 @@ from attnprobe.capture.sites import Site
 from attnprobe.capture.steps import cache_rows
 from attnprobe.core.display import counted, describe, indices
 from attnprobe.core.reducers import Tally
+from attnprobe.core.residence import input_device
 from attnprobe.core.scope import Scope, ScopeLike
 from attnprobe.errors import InputError
 from attnprobe.types import AttentionMap
@@ -308,10 +309,7 @@ def capture(model: nn.Module, scope: ScopeLike = None, *, parts: Sequence[Part] 
         ...     model(**batch)
         >>> cap.maps[0].pattern.shape   # [layer, head, query, key] = [1, 2, n, n]
     """
-    first = next(model.parameters(), None)
-    if first is not None and first.device.type == "meta":
-        raise InputError("the model's weights are on the 'meta' device (not loaded); load or "
-                         "materialise them before capturing")
+    input_device(model)  # a weight on 'meta' that no offload hook loads: one line, now
     seams = _seams(model, paths)
     recorder = Recorder(_scope_of(scope, layers, heads), _chosen_parts(parts, flags, seams))
     result = Capture()

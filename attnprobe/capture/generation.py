@@ -36,6 +36,7 @@ from attnprobe.capture.info import causal_of, model_scope
 from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
+from attnprobe.core.residence import input_device
 from attnprobe.core.scope import Scope
 from attnprobe.errors import AttentionUnavailableError, InputError
 from attnprobe.inputs.prepared import prepare
@@ -183,8 +184,8 @@ def _generate_batch(model: nn.Module, tokenizer: Any, texts: Sequence[Text],
                    padding_side="left")
     inputs = model_inputs(model, batch)
     context = dict(scope=scope, example_ids=example_ids)
-    first = next(model.parameters(), None)
-    devices = [first.device] if first is not None and first.device.type == "cuda" else []
+    start = input_device(model)
+    devices = [start] if start.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the caller's random state is left as it was
         torch.manual_seed(seed)
         if hf.is_hf_model(model):

@@ -19,10 +19,10 @@ from torch import nn
 from attnprobe.attribution.metrics import spearman
 from attnprobe.capture import discovery, hf
 from attnprobe.core.display import counted
+from attnprobe.core.residence import is_offloaded, quantized_modules
 from attnprobe.errors import InputError
 from attnprobe.types import TokenAttribution
 from attnprobe.weights.anatomy import anatomy
-from attnprobe.weights.residence import is_offloaded, quantized_modules
 
 __all__ = ["check_copyable", "randomized_copy", "sanity_rows", "top_blocks"]
 

@@ -35,10 +35,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from attnprobe.core.residence import kept
 from attnprobe.core.scope import Scope
 from attnprobe.errors import HookNotFiredError
 from attnprobe.weights.anatomy import Anatomy, DecompositionError
-from attnprobe.weights.residence import kept
 
 __all__ = ["VALUE_BIASES", "Component", "OutputWeights", "Record", "ValueBias",
            "check_residual", "contributions", "recording", "rounding_bound", "rounding_size",
@@ -189,7 +189,7 @@ class OutputWeights:
     @classmethod
     def read(cls, model: Anatomy) -> OutputWeights:
         """One module at a time; an offloaded module's weights kept on the CPU
-        (:func:`~attnprobe.weights.residence.kept`) and brought to its layer's device one
+        (:func:`~attnprobe.core.residence.kept`) and brought to its layer's device one
         layer at a time per batch, as its forward brings them."""
         weights = [layer.weights().per_query_head() for layer in model.layers]
         W_U, b_U = model.unembedding()

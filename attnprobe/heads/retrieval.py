@@ -36,6 +36,7 @@ from attnprobe.core.corpus_options import CorpusOptions
 from attnprobe.core.display import counted, describe
 from attnprobe.core.distributed import run_sharded
 from attnprobe.core.reducers import REDUCERS, Sums, Tally
+from attnprobe.core.residence import input_device
 from attnprobe.core.row_blocks import RowBlock
 from attnprobe.core.scope import Scope
 from attnprobe.errors import InputError
@@ -111,8 +112,7 @@ def _logits(output: Any) -> torch.Tensor:
 
 
 def _inputs(model: nn.Module, batch: CopySteps) -> dict[str, torch.Tensor]:
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = input_device(model)
     return {"input_ids": batch.input_ids.to(device),
             "attention_mask": batch.attention_mask.to(device)}
 

@@ -39,6 +39,7 @@ from attnprobe.core.corpus_options import (
     truncation_mode,
 )
 from attnprobe.core.display import counted, describe
+from attnprobe.core.residence import input_device
 from attnprobe.core.tokens import has_pair_template, special_ids
 from attnprobe.errors import InputError
 from attnprobe.inputs.length_limit import NO_LIMIT, max_length_of, token_limit
@@ -372,11 +373,7 @@ def prepare_corpus(model: nn.Module, tokenizer: Any, texts: Sequence[Text] | Any
 def model_inputs(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A batch on the model's device; encoder-decoder models get the text on both sides, so
     decoder self- and cross-attention are captured too."""
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
-    if device.type == "meta":
-        raise InputError("the model's weights are on the 'meta' device (not loaded); load or "
-                         "materialise them before running it")
+    device = input_device(model)
     inputs = {k: v.to(device) for k, v in batch.items()}
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = inputs["input_ids"]

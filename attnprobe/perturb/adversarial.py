@@ -35,6 +35,7 @@ from torch import nn
 from attnprobe.capture import Edit, capture
 from attnprobe.core import divergence
 from attnprobe.core.display import counted, describe, indices
+from attnprobe.core.residence import input_device
 from attnprobe.errors import InputError
 from attnprobe.types import head_id
 
@@ -374,8 +375,8 @@ def _result(layer: int, heads: tuple[int, ...], eps: float, best: dict[str, torc
 
 
 def _device(model: nn.Module, fallback: torch.Tensor) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else fallback.device
+    return input_device(model) if next(model.parameters(), None) is not None \
+        else fallback.device
 
 
 def _crop(weights: torch.Tensor, group: Any, b: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from attnprobe.capture.info import attention_sizes
+from attnprobe.core.residence import input_device
 from attnprobe.errors import InputError
 
 __all__ = ["BUDGET_SHARE", "Footprint", "available_bytes", "check_budget", "forward_bytes"]
@@ -107,8 +108,7 @@ def available_bytes(device: torch.device | str = "cpu") -> int | None:
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
+    return input_device(model)
 
 
 def check_budget(model: nn.Module, experiment: str, need: Footprint, seq: int,

@@ -28,6 +28,7 @@ from torch import nn
 
 from attnprobe.core.checks import check_number
 from attnprobe.core.display import counted, describe
+from attnprobe.core.residence import input_device
 from attnprobe.errors import InputError
 from attnprobe.models.induction import N_SYMBOLS, induction_tokenizer
 from attnprobe.models.tokenizer import WordTokenizer
@@ -184,8 +185,7 @@ def greedy_continuation(model: nn.Module, needles: Needles, *,
         >>> hits.float().mean()                         # share of needle tokens retrieved
     """
     check_number("batch_size", batch_size, integer=True, minimum=1)
-    param = next(model.parameters(), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = input_device(model)
     answer = needles.answer_ids
     out = []
     with torch.no_grad():

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from attnprobe.core.registry import Registry
+from attnprobe.core.residence import dequantized, loaded
 from attnprobe.errors import AttnProbeError, InputError
 from attnprobe.weights.head_weights import (
     HeadWeights,
@@ -48,7 +49,6 @@ from attnprobe.weights.head_weights import (
     split_in,
     split_out,
 )
-from attnprobe.weights.residence import dequantized, loaded
 
 __all__ = ["ANATOMIES", "REFUSALS", "Anatomy", "DecompositionError", "Layer", "anatomy"]
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from attnprobe.core.residence import dequantized, detached_copy, loaded
 from attnprobe.errors import InputError
-from attnprobe.weights.residence import dequantized, detached_copy, loaded
 
 __all__ = ["HeadWeights", "NormSpec", "read_norm", "row_matrix", "split_in", "split_out"]
 
@@ -37,7 +37,7 @@ _FIT_TOLERANCE = 1e-4  # relative; the probe ignores eps (≈ 1e-5 / 9 of the va
 def row_matrix(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(W [in, out], b [out] or None)`` with ``module(x) = x @ W + b``, detached, read from
     wherever the module keeps them (loaded by its offload hook for the read only, a quantized
-    weight dequantized: :mod:`attnprobe.weights.residence`).
+    weight dequantized: :mod:`attnprobe.core.residence`).
 
     Serves ``nn.Linear`` (``weight [out, in]``) and transformers' ``Conv1D`` (``weight [in,
     out]``, ``nf`` output features)."""

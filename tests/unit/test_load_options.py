@@ -191,3 +191,26 @@ def test_a_device_map_file_is_read(llama, tmp_path):
     path.write_text(json.dumps(DEVICE_MAP))
     model, _ = ap.load_model(str(llama), device_map=path, offload_folder=tmp_path / "off")
     assert model.hf_device_map == DEVICE_MAP
+
+
+def test_int8_on_a_model_without_linear_layers_is_refused(tmp_path):
+    """GPT-2's projections are Conv1D, which optimum-quanto leaves alone: the load would be
+    the float32 model under an int8 name, so it is refused in one line."""
+    from tests.big_models import save_family
+
+    folder = save_family("gpt2", tmp_path / "gpt2")
+    with pytest.raises(ap.InputError, match=r"quantized no layer of GPT2LMHeadModel.*Conv1D"):
+        ap.load_model(str(folder), quantization="int8")
+
+
+def test_a_model_wholly_on_disk_runs_like_the_plain_one(llama, tmp_path):
+    """A cap too small for any layer in memory puts the whole model on disk ({'': 'disk'}):
+    inputs go to the hooks' execution device, and the maps are the plain model's."""
+    plain = ap.load_model(str(llama))
+    layer = _llama_layer_parameters(transformers.AutoConfig.from_pretrained(llama)) * 4
+    disk = ap.load_model(str(llama), max_memory={"cpu": layer},
+                         offload_folder=tmp_path / "off")
+    assert disk[0].hf_device_map == {"": "disk"}
+    texts = ["the cat sat on the mat"]
+    a, b = ap.extract(*plain, texts)[0], ap.extract(*disk, texts)[0]
+    assert torch.equal(a.pattern, b.pattern)

@@ -27,8 +27,9 @@ from torch import nn
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError
 
-__all__ = ["DEQUANTIZERS", "dequantized", "detached_copy", "execution_device", "is_offloaded",
-           "is_quantized", "kept", "loaded", "quantized_modules"]
+__all__ = ["DEQUANTIZERS", "dequantized", "detached_copy", "execution_device", "input_device",
+           "is_offloaded", "is_quantized", "kept", "loaded", "missing_weights",
+           "quantized_modules"]
 
 DEQUANTIZERS: Registry[Callable[[torch.Tensor, nn.Module | None], torch.Tensor | None]] = \
     Registry("weight dequantizer")
@@ -53,6 +54,41 @@ def execution_device(module: nn.Module) -> torch.device:
         if tensor.device.type != "meta":
             return tensor.device
     return torch.device("cpu")
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """The device ``model``'s inputs go to: the execution device of its top-level accelerate
+    hook or of its input embedding (a dispatched or offloaded model, whose first parameter may
+    wait on ``meta``), else the device of its first parameter that holds data.
+
+    Raises:
+        InputError: a weight is on ``meta`` with no offload hook to load it
+            (:func:`missing_weights`).
+    """
+    missing = missing_weights(model)
+    if missing:
+        raise InputError(f"the model's weights are on the 'meta' device (not loaded: "
+                         f"{missing[0]}{' ...' if len(missing) > 1 else ''}); load or "
+                         "materialise them before running it")
+    if getattr(getattr(model, "_hf_hook", None), "execution_device", None) is not None:
+        return execution_device(model)
+    embeddings = getattr(model, "get_input_embeddings", None)
+    try:
+        embed = embeddings() if callable(embeddings) else None
+    except NotImplementedError:
+        embed = None
+    if isinstance(embed, nn.Module):
+        return execution_device(embed)
+    return execution_device(model)
+
+
+def missing_weights(model: nn.Module) -> list[str]:
+    """Names of the parameters of ``model`` on ``meta`` that no offload hook loads (a
+    model built without its weights)."""
+    return [f"{name}.{key}" if name else key for name, module in model.named_modules()
+            if not is_offloaded(module)
+            for key, tensor in module.named_parameters(recurse=False)
+            if tensor.device.type == "meta"]
 
 
 @contextlib.contextmanager
