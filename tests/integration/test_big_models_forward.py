@@ -431,3 +431,17 @@ def test_alti_decomposes_bf16_layers_to_bf16_rounding(family, models):
     table = ap.attribution.compare(model, tok, texts_of(family)[:1], "next-token",
                                    methods=["saliency"], views=["alti"]).table
     assert np.isfinite(table["value"].to_numpy(float)).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_offloaded_faithfulness_equals_plain_exactly(family, models):
+    """The erasure leaderboard pools perturbed inputs into padded batches: on the offloaded
+    model the same batches run the same kernels, so every row is the plain model's."""
+    texts = texts_of(family)
+
+    def evaluate(kind: str) -> pd.DataFrame:
+        model, tok = models(family, kind)
+        return ap.faithfulness.evaluate(model, tok, texts, "next-token", views=["raw"],
+                                        methods=["saliency"], levels=(0.2, 0.5),
+                                        curve_steps=3, seed=1).table
+    pd.testing.assert_frame_equal(evaluate("offload"), evaluate("fp32"), check_exact=True)
