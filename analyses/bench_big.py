@@ -18,7 +18,9 @@ modules were offloaded.
 
 - ``plain forward`` (the baseline): ``model(input_ids, attention_mask)`` under ``no_grad``;
 - ``capture``: ``ap.extract`` of every layer and head;
-- ``census``: ``ap.heads.census`` of both texts (with its repeated-token probe);
+- ``census``: ``ap.heads.census`` of both texts in one batch, without its repeated-token
+  probe (``repeated=False``: the probe is a second forward over 4 × 66 synthetic tokens, a
+  separate analysis whose cost is that of its own tokens, not of the census);
 - ``patch.heads``: ``ap.patch.heads(model, tok, clean, corrupt, "next-token",
   scope=patch_scope)`` (the last layer by default: each patched forward replays the layers
   before the patch, so the cost of a wider scope is that of more layer-rows, not a new
@@ -69,7 +71,7 @@ from harness.runs import reset_peak_rss
 
 import attnprobe as ap
 from attnprobe.load_options import parse_size
-from attnprobe.weights.residence import execution_device
+from attnprobe.core.residence import execution_device
 
 CHILD_FLAG = "--_step-child"  # hidden: one step in a fresh process, prints JSON
 KIB_PER_MIB = 1024.0
@@ -157,7 +159,7 @@ def capture(model: Any, tokenizer: Any, cfg: Config) -> dict[str, float]:
 
 
 def census(model: Any, tokenizer: Any, cfg: Config) -> dict[str, float]:
-    result = ap.heads.census(model, tokenizer, [cfg.clean, cfg.corrupt])
+    result = ap.heads.census(model, tokenizer, [cfg.clean, cfg.corrupt], repeated=False)
     scores = result.scores()
     return {"heads scored": float(len(scores)),
             "finite entropies (1 = yes)": float(scores["entropy"].notna().all()
