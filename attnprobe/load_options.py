@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from attnprobe.core.devices import check_device_map, check_exists, offloads, parse_device
 from attnprobe.core.optional import require
 from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError, MissingExtraError, OutputError
@@ -106,7 +107,12 @@ def _need(module: str, package: str, extra: str, what: str) -> None:
 
 
 def parse_size(text: str | int) -> int:
-    """``"20GiB"`` / ``"500MB"`` / ``"1.5GB"`` / ``1000`` -> bytes."""
+    """``"20GiB"`` / ``"500MB"`` / ``"1.5GB"`` / ``1000`` -> bytes.
+
+    Example:
+        >>> parse_size("1.5GiB"), parse_size("500MB"), parse_size(4096)
+        (1610612736, 500000000, 4096)
+    """
     if isinstance(text, int) and not isinstance(text, bool):
         size = text
     else:
@@ -122,7 +128,12 @@ def parse_size(text: str | int) -> int:
 
 def parse_max_memory(spec: str | Mapping[Any, Any]) -> dict[int | str, int]:
     """``"0=20GiB,cpu=60GiB"`` (or a dict) -> ``{0: bytes, "cpu": bytes}``: GPU indices,
-    ``cpu``, ``mps`` or ``disk`` as keys."""
+    ``cpu``, ``mps`` or ``disk`` as keys.
+
+    Example:
+        >>> parse_max_memory("0=20GiB,cpu=60GiB")
+        {0: 21474836480, 'cpu': 64424509440}
+    """
     if isinstance(spec, str):
         pairs = [part.split("=", 1) for part in spec.split(",") if part.strip()]
         if not pairs or any(len(pair) != 2 for pair in pairs):
@@ -139,31 +150,6 @@ def parse_max_memory(spec: str | Mapping[Any, Any]) -> dict[int | str, int]:
                              "(0, 1 ...), cpu, mps or disk")
         caps[name] = parse_size(value)
     return caps
-
-
-def _device(text: str | torch.device) -> torch.device:
-    try:
-        device = torch.device(text)
-    except (RuntimeError, TypeError):
-        raise InputError(f"unknown device {str(text)!r}; use cpu, cuda, cuda:1 or mps"
-                         ) from None
-    _check_exists(device)
-    return device
-
-
-def _check_exists(device: torch.device) -> None:
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        index = device.index or 0
-        if index >= count:
-            raise InputError(f"device {str(device)!r} does not exist: this machine has {count} "
-                             "CUDA device(s); use --device cpu or an index below the count")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise InputError("device 'mps' is not available on this machine; use --device cpu")
-    elif device.type != "cpu":
-        raise InputError(f"device {str(device)!r} cannot run a model here; use cpu, cuda, "
-                         "cuda:N or mps")
 
 
 @dataclass(frozen=True)
@@ -207,24 +193,41 @@ class LoadOptions:
             InputError / OutputError / MissingExtraError: one line naming the fix.
         """
         dtype = self._dtype()
-        device = _device(self.device) if self.device is not None else None
+        device = parse_device(self.device) if self.device is not None else None
         device_map = self._device_map()
         caps = parse_max_memory(self.max_memory) if self.max_memory is not None else None
         for key in caps or ():
             if isinstance(key, int):
-                _check_exists(torch.device("cuda", key))
+                check_exists(torch.device("cuda", key))
             elif key == "mps":
-                _check_exists(torch.device("mps"))
-        if (caps is not None or self.offload_folder is not None) and device_map is None:
+                check_exists(torch.device("mps"))
+        implied = [name for name, given in (("--max-memory", caps),
+                                            ("--offload-folder", self.offload_folder))
+                   if given is not None and device_map is None]
+        if implied:
             device_map = "auto"  # a cap or an offload folder only means something to a map
         if device is not None and device_map is not None:
+            spread = " / ".join(implied) + " (which place the model with --device-map auto)" \
+                if implied else "--device-map"
             raise InputError("give either --device (the whole model on one device) or "
-                             "--device-map (spread over devices), not both")
+                             f"{spread} (spread over devices), not both")
+        if caps is not None and isinstance(device_map, dict):
+            # accelerate uses a {module: device} map as given: the cap would be ignored
+            raise InputError("--max-memory caps an automatic placement (--device-map "
+                             f"{' / '.join(DEVICE_MAPS)}); a map that names each module's "
+                             "device is used as given, so the cap would be ignored: drop one "
+                             "of them")
         if device_map is not None:
             _need("accelerate", "accelerate", "big", "--device-map / --max-memory / "
                   "--offload-folder")
         if self.quantization is not None:
-            self.quantizer(device or _first_device(device_map, caps))
+            config = self.quantizer(device or _first_device(device_map, caps))
+            if isinstance(device_map, dict) and offloads(device_map) and \
+                    isinstance(config, require("transformers").QuantoConfig):
+                raise InputError(f"--quantization {self.quantization} (optimum-quanto) "
+                                 "quantizes the weights as they load and cannot offload them "
+                                 "to the CPU or disk: map every module to one device, or load "
+                                 "without --quantization")
         folder = self._offload_folder()
         notes = []
         if dtype == torch.float16 and (device is None or device.type == "cpu") \
@@ -278,7 +281,7 @@ class LoadOptions:
     def _device_map(self) -> str | dict[str, Any] | None:
         spec = self.device_map
         if spec is None or isinstance(spec, Mapping):
-            return dict(spec) if spec is not None else None
+            return check_device_map(dict(spec)) if spec is not None else None
         if str(spec) in DEVICE_MAPS:
             return str(spec)
         path = Path(spec).expanduser()
@@ -291,7 +294,7 @@ class LoadOptions:
             raise InputError(f"cannot read the device map {path}: {exc}") from None
         if not isinstance(found, dict) or not found:
             raise InputError(f"{path} must hold a JSON object {{module: device}}")
-        return found
+        return check_device_map(found)
 
     def _offload_folder(self) -> Path | None:
         """The offload folder, checked writable without creating it: a refused load leaves
@@ -329,6 +332,12 @@ def check_fits(config: Any, options: LoadOptions) -> None:
 
     Raises:
         InputError: no device of ``max_memory`` (disk aside) can hold one layer.
+
+    Example:
+        >>> check_fits(model.config, LoadOptions(max_memory="cpu=64MiB").checked())  # room
+        >>> check_fits(model.config, LoadOptions(max_memory="cpu=1MiB").checked())
+        Traceback (most recent call last):
+        attnprobe.errors.InputError: max_memory (cpu=1.0 MiB) is smaller than ...
     """
     caps = {k: v for k, v in (options.max_memory or {}).items() if k != "disk"}
     if not caps:
@@ -343,11 +352,8 @@ def check_fits(config: Any, options: LoadOptions) -> None:
                  sum(p.numel() for p in m.parameters(recurse=False)) for m in skeleton.modules())]
     if options.quantization is not None:
         bits = QUANTIZATIONS.get(str(options.quantization).lower()).bits
-    else:
-        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(saved, str):
-            saved = DTYPES.get(saved.lower())
-        bits = torch.finfo(options.torch_dtype or saved or torch.float32).bits
+    else:  # float32 unless asked, whatever the checkpoint holds (as the loader loads it)
+        bits = torch.finfo(options.torch_dtype or torch.float32).bits
     layer = max(sizes) * bits // 8
     if max(caps.values()) < layer:
         shown = ", ".join(f"{k}={size_text(v)}" for k, v in caps.items())
@@ -357,7 +363,12 @@ def check_fits(config: Any, options: LoadOptions) -> None:
 
 
 def size_text(size: int) -> str:
-    """Bytes as a short binary size (``"1.5 GiB"``)."""
+    """Bytes as a short binary size (``"1.5 GiB"``).
+
+    Example:
+        >>> size_text(3 * 2**30), size_text(1536)
+        ('3.0 GiB', '1.5 KiB')
+    """
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if size >= scale:
             return f"{size / scale:.1f} {unit}"

@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,8 +118,6 @@ def _check_pairing(model: nn.Module, tokenizer: Any, path: Path) -> None:
 def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     transformers = require("transformers")
-    broken_weights = (OSError, EOFError, RuntimeError, KeyError,
-                      require("safetensors").SafetensorError)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     try:
@@ -127,15 +126,42 @@ def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module
         raise FileFormatError(f"{path / 'config.json'} is not a usable model config: "
                               f"{_reason(exc)}") from None
     check_fits(config, options)
+    with _offload_folder(options.offload_folder):
+        return _load_weights(transformers, path, config, options, **kwargs)
+
+
+@contextlib.contextmanager
+def _offload_folder(folder: Path | None) -> Iterator[None]:
+    """Create the (checked writable) offload folder for the load, and remove what was created
+    when the load fails or is refused: a refused load leaves nothing behind."""
+    if folder is None:
+        yield
+        return
+    folder = Path(folder)
+    created = next((p for p in reversed((folder, *folder.parents)) if not p.exists()), None)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _load_weights(transformers: Any, path: Path, config: Any, options: LoadOptions,
+                  **kwargs: Any) -> tuple[nn.Module, Any]:
+    broken_weights = (OSError, EOFError, RuntimeError, KeyError,
+                      require("safetensors").SafetensorError)
     model_class = _model_class(transformers, config)
     kwargs = {**options.from_pretrained_keywords(), **kwargs}
-    if options.offload_folder is not None:  # checked writable, created only now
-        Path(options.offload_folder).mkdir(parents=True, exist_ok=True)
+    default = {} if options.quantization is not None or {"dtype", "torch_dtype"} & set(kwargs) \
+        else {"dtype": torch.float32}  # transformers 5 would keep a bf16 checkpoint's bf16
     try:
         with warnings.catch_warnings(), quiet_offload_note():
             # torch warns about the pickle protocol of a .bin
             warnings.filterwarnings("ignore", module="torch._weights_only_unpickler")
-            model = model_class.from_pretrained(path, local_files_only=True, **kwargs)
+            model = model_class.from_pretrained(path, local_files_only=True, **kwargs,
+                                                **default)
     except pickle.UnpicklingError:  # torch.load(weights_only=True) met a non-tensor object
         raise FileFormatError(f"{path}: the .bin checkpoint holds objects other than tensors, "
                               "so it was not unpickled (only safetensors or weights-only "
@@ -147,8 +173,9 @@ def _load_hf(path: Path, options: LoadOptions, **kwargs: Any) -> tuple[nn.Module
         error = InputError if kwargs else FileFormatError
         raise error(f"cannot load the model in {path}{what}: {_reason(exc)}") from None
     if options.quantization is not None and not quantized_modules(model):
+        head = model.get_output_embeddings()  # transformers never quantizes it
         kinds = sorted({type(m).__name__ for m in model.modules()
-                        if isinstance(getattr(m, "weight", None), torch.Tensor)
+                        if m is not head and isinstance(getattr(m, "weight", None), torch.Tensor)
                         and getattr(m.weight, "ndim", 0) == 2})
         raise InputError(f"--quantization {options.quantization} quantized no layer of "
                          f"{type(model).__name__} (its back-end quantizes nn.Linear layers; "
@@ -176,7 +203,12 @@ def hub_cache() -> Path:
     """The user's HuggingFace hub cache as the environment names it now (``HF_HUB_CACHE``,
     else ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``),
     by huggingface_hub's own precedence. huggingface_hub reads these variables once, when it
-    is imported, so a cache named afterwards (a test, a notebook) would otherwise be missed."""
+    is imported, so a cache named afterwards (a test, a notebook) would otherwise be missed.
+
+    Example:
+        >>> hub_cache().name     # where `hf download org/name` puts models
+        'hub'
+    """
     env = os.environ
     home = env.get("HF_HOME") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
@@ -189,7 +221,12 @@ def hub_cache() -> Path:
 def hub_snapshot(repo_id: str) -> Path | None:
     """The folder of ``repo_id``'s snapshot (``refs/main``) in the user's HuggingFace cache
     (:func:`hub_cache`, laid out as the hub lays it out), or None when it is not there.
-    Nothing is downloaded: only the cache is read."""
+    Nothing is downloaded: only the cache is read.
+
+    Example:
+        >>> hub_snapshot("no-such-org/no-such-model") is None   # not in the cache: nothing fetched
+        True
+    """
     if not _HUB_ID.fullmatch(repo_id):
         return None
     hub = require("huggingface_hub")
@@ -215,7 +252,13 @@ class _DropOffloadNote(logging.Filter):
 @contextlib.contextmanager
 def quiet_offload_note() -> Iterator[None]:
     """Leave accelerate's :data:`OFFLOAD_NOTE` out while this block runs; every other
-    message of accelerate's loggers still shows."""
+    message of accelerate's loggers still shows.
+
+    Example:
+        >>> import logging
+        >>> with quiet_offload_note():
+        ...     logging.getLogger("accelerate.big_modeling").warning(OFFLOAD_NOTE + " to the disk.")
+    """
     note_filter = _DropOffloadNote()
     logger = logging.getLogger("accelerate.big_modeling")
     logger.addFilter(note_filter)
@@ -267,6 +310,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
     """
     if not isinstance(name, str) or not name.strip():
         raise ModelNotFoundError("model name must be a non-empty string")
+    for option, value, keyword in (("dtype", dtype, "torch_dtype"),
+                                   ("quantization", quantization, "quantization_config")):
+        if value is not None and keyword in kwargs:  # transformers would keep only one
+            raise InputError(f"give {option}= or {keyword}=, not both")
     options = LoadOptions(dtype, device, device_map, max_memory, offload_folder,
                           quantization).checked()
     for note in options.warnings:
@@ -276,6 +323,10 @@ def load_model(name: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
         model.attnprobe_name = DEFAULT_MODEL
         return model, tokenizer
     if name.startswith(REF_PREFIX):
+        if kwargs:  # nothing reads them: silently dropped, they would mislead
+            raise InputError(f"{name} is a reference model built in memory: from_pretrained "
+                             f"keywords ({', '.join(sorted(kwargs))}) apply to HuggingFace "
+                             "checkpoints")
         return _load_reference(name[len(REF_PREFIX):], options)
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").exists():

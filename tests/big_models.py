@@ -30,7 +30,7 @@ import transformers
 from torch import nn
 
 import attnprobe as ap
-from attnprobe.weights.residence import dequantized, loaded, quantized_modules
+from attnprobe.core.residence import dequantized, loaded, quantized_modules
 from tests.conftest import track
 from tests.helpers import bert_tokenizer, bert_vocab
 from tests.integration.causal_lms import save_lm, text

@@ -50,16 +50,18 @@ __all__ = ["ALTI_TOLERANCE", "PART_BYTES", "AltiLayer", "AltiView", "alti", "alt
            "alti_matrix", "alti_tolerance", "contributions", "iter_alti_layers", "rollout"]
 
 ALTI_TOLERANCE = 1e-4
-"""The largest relative gap ``max|Σ_j T_i(x_j) + b_i − y_i| / max|y_i|`` accepted (a float32
-model; a half-precision one: :func:`alti_tolerance`)."""
+"""The largest gap ``max|Σ_j T_i(x_j) + b_i − y_i| / max|y_i|`` of a float32 layer."""
 
 
 def alti_tolerance(dtype: torch.dtype) -> float:
-    """The gap accepted for a layer computed in ``dtype``: the decomposition is rebuilt in
-    float64 from the values the layer used, which rounded its own output up to 5 times (α·v,
-    the output projection, the residual sum, a post-norm's output), each by at most the unit
-    roundoff relative to the largest entry: ``5u`` (bf16: 0.0195), at least
-    :data:`ALTI_TOLERANCE`."""
+    """The gap accepted for a layer computed in ``dtype``: the layer rounded its output up to
+    5 times (α·v, output projection, residual sum, post-norm), each by at most the unit
+    roundoff of the largest entry: ``5u``, at least :data:`ALTI_TOLERANCE`.
+
+    Example:
+        >>> alti_tolerance(torch.float32), alti_tolerance(torch.bfloat16)
+        (0.0001, 0.01953125)
+    """
     if not dtype.is_floating_point:
         return ALTI_TOLERANCE
     return max(ALTI_TOLERANCE, 5 * torch.finfo(dtype).eps / 2)

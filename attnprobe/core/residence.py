@@ -38,14 +38,24 @@ DEQUANTIZERS: Registry[Callable[[torch.Tensor, nn.Module | None], torch.Tensor |
 
 def is_offloaded(module: nn.Module) -> bool:
     """Whether an accelerate hook keeps ``module``'s own weights off its execution device
-    (on ``meta`` between forwards)."""
+    (on ``meta`` between forwards).
+
+    Example:
+        >>> is_offloaded(model.pooler.dense)     # in memory: no offload hook keeps it away
+        False
+    """
     hook = getattr(module, "_hf_hook", None)
     return bool(getattr(hook, "offload", False))
 
 
 def execution_device(module: nn.Module) -> torch.device:
     """The device ``module`` computes on: its accelerate hook's execution device when it has
-    one, else the device of its first parameter or buffer (the CPU when it has none)."""
+    one, else the device of its first parameter or buffer (the CPU when it has none).
+
+    Example:
+        >>> execution_device(model.embeddings)
+        device(type='cpu')
+    """
     hook = getattr(module, "_hf_hook", None)
     device = getattr(hook, "execution_device", None)
     if device is not None:
@@ -64,6 +74,10 @@ def input_device(model: nn.Module) -> torch.device:
     Raises:
         InputError: a weight is on ``meta`` with no offload hook to load it
             (:func:`missing_weights`).
+
+    Example:
+        >>> batch["input_ids"].to(input_device(model)).device   # where a batch goes
+        device(type='cpu')
     """
     missing = missing_weights(model)
     if missing:
@@ -84,7 +98,12 @@ def input_device(model: nn.Module) -> torch.device:
 
 def missing_weights(model: nn.Module) -> list[str]:
     """Names of the parameters of ``model`` on ``meta`` that no offload hook loads (a
-    model built without its weights)."""
+    model built without its weights).
+
+    Example:
+        >>> missing_weights(model)     # every weight present (or loadable by its hook)
+        []
+    """
     return [f"{name}.{key}" if name else key for name, module in model.named_modules()
             if not is_offloaded(module)
             for key, tensor in module.named_parameters(recurse=False)
@@ -98,6 +117,11 @@ def loaded(module: nn.Module) -> Iterator[nn.Module]:
 
     Raises:
         InputError: a weight of ``module`` stays on the ``meta`` device (no hook can load it).
+
+    Example:
+        >>> with loaded(model.pooler.dense) as dense:   # an offloaded module: loaded for the read
+        ...     dense.weight.shape
+        torch.Size([384, 384])
     """
     if not is_offloaded(module):
         _check_present(module)
@@ -114,7 +138,15 @@ def kept(tensor: torch.Tensor, module: nn.Module) -> torch.Tensor:
     """``tensor`` (read from ``module`` inside :func:`loaded`) where a reader that keeps it
     past the read should hold it: on the CPU for an offloaded module, whose execution device
     (a GPU) would otherwise hold every offloaded layer's kept weights at once, against the
-    memory the user allowed; where it is for any other module."""
+    memory the user allowed; where it is for any other module.
+
+    Example:
+        >>> dense = model.pooler.dense
+        >>> with loaded(dense):
+        ...     weight = kept(dense.weight.detach(), dense)   # held past the read
+        >>> weight.device
+        device(type='cpu')
+    """
     if is_offloaded(module) and tensor.device.type != "cpu":
         return tensor.to("cpu")
     return tensor
@@ -131,7 +163,13 @@ def _check_present(module: nn.Module) -> None:
 
 def dequantized(tensor: torch.Tensor, module: nn.Module | None = None) -> torch.Tensor:
     """``tensor`` as a plain tensor: dequantized by the first of :data:`DEQUANTIZERS` that
-    knows it, else itself (a plain weight). Detached."""
+    knows it, else itself (a plain weight). Detached.
+
+    Example:
+        >>> weight = model.pooler.dense.weight
+        >>> torch.equal(dequantized(weight), weight)   # a plain weight is itself, detached
+        True
+    """
     for read in DEQUANTIZERS.values():
         plain = read(tensor, module)
         if plain is not None:
@@ -141,14 +179,24 @@ def dequantized(tensor: torch.Tensor, module: nn.Module | None = None) -> torch.
 
 def is_quantized(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a quantized weight (a tensor subclass that dequantizes, or an
-    integer-typed weight of a quantized layer)."""
+    integer-typed weight of a quantized layer).
+
+    Example:
+        >>> is_quantized(model.pooler.dense.weight)
+        False
+    """
     if type(tensor).__name__ in ("Int8Params", "Params4bit"):
         return True
     return type(tensor) not in (torch.Tensor, nn.Parameter) and hasattr(tensor, "dequantize")
 
 
 def quantized_modules(model: nn.Module) -> list[str]:
-    """Names of the modules of ``model`` whose own weight is quantized."""
+    """Names of the modules of ``model`` whose own weight is quantized.
+
+    Example:
+        >>> quantized_modules(model)   # a load with quantization="int8" lists its Linear layers
+        []
+    """
     return [name for name, module in model.named_modules()
             if isinstance(getattr(module, "weight", None), torch.Tensor)
             and is_quantized(module.weight)]
@@ -157,7 +205,14 @@ def quantized_modules(model: nn.Module) -> list[str]:
 def detached_copy(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` without accelerate's hooks (whose weight maps may hold the
     whole offloaded model), to be run on probe inputs. Call it inside :func:`loaded` so the
-    copy has the weights."""
+    copy has the weights.
+
+    Example:
+        >>> norm = model.embeddings.LayerNorm
+        >>> probe = detached_copy(norm).to(torch.float64)  # the model is untouched
+        >>> probe is norm, norm.weight.dtype
+        (False, torch.float32)
+    """
     memo: dict[int, object] = {id(m._hf_hook): None for m in module.modules()
                                if hasattr(m, "_hf_hook")}
     probe = copy.deepcopy(module, memo)

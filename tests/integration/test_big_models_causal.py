@@ -30,9 +30,9 @@ import torch
 from accelerate.hooks import AlignDevicesHook
 
 import attnprobe as ap
+from attnprobe.core.residence import is_offloaded
 from attnprobe.errors import InputError
 from attnprobe.faithfulness.sanity import randomized_copy
-from attnprobe.weights.residence import is_offloaded
 from tests.big_models import (
     assert_unchanged,
     dequantized_twin,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnprobe.load_options import DTYPES, QUANTIZATIONS
 from tests.helpers import run_cli
@@ -85,6 +86,8 @@ def _bad_inputs(tmp_path: Path, llama: Path, device_map: Path) -> dict[str, tupl
     not_json.write_text("layers: disk\n")
     a_file = tmp_path / "a_file"
     a_file.write_text("")
+    on_gpu = tmp_path / "gpu.json"
+    on_gpu.write_text(json.dumps({"": "cuda:0"}))  # this machine has no GPU (skipped where it has)
     return {
         "no such device": (["--device", "cuda:3"], "'cuda:3' does not exist"),
         "unknown dtype": (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
@@ -99,17 +102,22 @@ def _bad_inputs(tmp_path: Path, llama: Path, device_map: Path) -> dict[str, tupl
         "map not json": (["--device-map", str(not_json)], "cannot read the device map"),
         "map on a reference model": (["--model", "ref:transformer", "--device-map", "auto"],
                                      "reference model"),
+        "map on a missing gpu": (["--device-map", str(on_gpu)], "'cuda:0' does not exist"),
+        "map with a cap": (["--device-map", str(device_map), "--max-memory", "cpu=1GiB"],
+                           "ignored"),
     }
 
 
 BAD = ("no such device", "unknown dtype", "unknown quantization", "nf4 on the cpu",
        "below one layer", "file as offload folder", "malformed max memory", "device and map",
-       "map not json", "map on a reference model")
+       "map not json", "map on a reference model", "map on a missing gpu", "map with a cap")
 
 
 @pytest.mark.parametrize("name", BAD)
 def test_a_bad_loading_option_is_one_line_and_writes_nothing(llama, device_map, tmp_path,
                                                              capsys, name):
+    if name == "map on a missing gpu" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: cuda:0 exists")
     options, said = _bad_inputs(tmp_path, llama, device_map)[name]
     out = tmp_path / "heads.csv"
     code, stdout, err = run_cli(_heads(llama, out, *options), capsys)

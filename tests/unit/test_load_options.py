@@ -88,10 +88,11 @@ def test_from_pretrained_keywords(tmp_path):
         "dtype": torch.bfloat16}
     assert LoadOptions(device="cpu").checked().from_pretrained_keywords() == {}
     folder = tmp_path / "off"
-    found = LoadOptions(device_map=DEVICE_MAP, max_memory="cpu=1GiB",
+    found = LoadOptions(device_map=DEVICE_MAP,
                         offload_folder=folder).checked().from_pretrained_keywords()
-    assert found == {"device_map": DEVICE_MAP, "max_memory": {"cpu": 2**30},
-                     "offload_folder": str(folder.absolute())}
+    assert found == {"device_map": DEVICE_MAP, "offload_folder": str(folder.absolute())}
+    assert LoadOptions(device_map="balanced", max_memory="cpu=1GiB").checked(
+        ).from_pretrained_keywords() == {"device_map": "balanced", "max_memory": {"cpu": 2**30}}
     assert LoadOptions(max_memory="cpu=1GiB").checked().from_pretrained_keywords()[
         "device_map"] == "auto"  # a cap means an automatic placement
     quantized = LoadOptions(quantization="int8").checked().from_pretrained_keywords()
@@ -120,13 +121,37 @@ def _bad(tmp_path) -> dict[str, tuple[dict, type, str]]:
                            "not both"),
         "map not json": ({"device_map": not_json}, InputError, "cannot read the device map"),
         "no such map": ({"device_map": tmp_path / "absent.json"}, InputError, "JSON file"),
+        # a map's devices are checked like --device: accelerate would fail deep in the load
+        "map on a missing gpu": ({"device_map": {"": "cuda:0"}}, InputError,
+                                 "'cuda:0' does not exist"),
+        "map on a gpu index": ({"device_map": {"": 0}}, InputError, "does not exist"),
+        "map on no device": ({"device_map": {"": "tpu"}}, InputError, "'tpu' is not a device"),
+        "map on meta": ({"device_map": {"": "meta"}}, InputError, "without its weights"),
+        "map key not a name": ({"device_map": {0: "cpu"}}, InputError, "not a module name"),
+        "empty map": ({"device_map": {}}, InputError, "names no module"),
+        # accelerate places a dict map as given: the cap would be silently ignored
+        "map with a cap": ({"device_map": DEVICE_MAP, "max_memory": "cpu=1GiB"}, InputError,
+                           "ignored"),
+        # a folder or a cap implies an automatic map: the message names what was given
+        "device and folder": ({"device": "cpu", "offload_folder": tmp_path / "off"},
+                              InputError, "--offload-folder"),
+        "device and cap": ({"device": "cpu", "max_memory": "cpu=1GiB"}, InputError,
+                           "--max-memory"),
+        # optimum-quanto quantizes while loading and cannot offload (transformers' own rule)
+        "quanto offloaded": ({"quantization": "int8", "device_map": DEVICE_MAP,
+                              "offload_folder": tmp_path / "off"}, InputError,
+                             "cannot offload"),
     }
 
 
 @pytest.mark.parametrize("name", ["no such device", "not a device", "unknown dtype",
                                   "unknown quantization", "nf4 on the cpu", "below one layer",
                                   "file as folder", "malformed cap", "gpu cap here",
-                                  "device and map", "map not json", "no such map"])
+                                  "device and map", "map not json", "no such map",
+                                  "map on a missing gpu", "map on a gpu index", "map on no device",
+                                  "map on meta", "map key not a name", "empty map",
+                                  "map with a cap", "quanto offloaded", "device and folder",
+                                  "device and cap"])
 def test_load_model_refuses_before_reading_weights(llama, tmp_path, monkeypatch, name):
     def never(*args, **kwargs):
         raise AssertionError("from_pretrained was called")
@@ -151,6 +176,35 @@ def test_a_refused_load_leaves_no_offload_folder(llama, tmp_path, options):
     with pytest.raises(InputError):
         ap.load_model(str(llama), offload_folder=folder, **options)
     assert not folder.exists()
+
+
+def test_a_load_refused_after_reading_leaves_no_offload_folder(llama, tmp_path):
+    """The folder is created just before the weights are placed: a load that fails there
+    (optimum-quanto refuses an automatic map that offloads to disk, known only once accelerate
+    has placed the modules) or is refused afterwards (int8 on GPT-2, whose Conv1D layers
+    optimum-quanto leaves alone) removes the folders it created, and only those."""
+    from tests.big_models import save_family
+
+    gpt2 = save_family("gpt2", tmp_path / "gpt2")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    # a cap of one int8 layer and a bit more, far below the model: accelerate needs the disk
+    layer = _llama_layer_parameters(transformers.AutoConfig.from_pretrained(llama))
+    cases = [(str(llama), {"quantization": "int8", "max_memory": {"cpu": layer + 1}}),
+             (str(gpt2), {"quantization": "int8"})]
+    for model, options in cases:
+        with pytest.raises(InputError):
+            ap.load_model(model, offload_folder=tmp_path / "new" / "off", **options)
+        assert not (tmp_path / "new").exists()
+        with pytest.raises(InputError):
+            ap.load_model(model, offload_folder=kept / "off", **options)
+        assert kept.is_dir() and not (kept / "off").exists()
+
+
+def test_a_reference_model_refuses_from_pretrained_keywords():
+    with pytest.raises(InputError, match="attn_implementation") as found:
+        ap.load_model("ref:llama", attn_implementation="eager")
+    assert "\n" not in str(found.value)
 
 
 # ----------------------------------------------------------------------------- loads
@@ -199,8 +253,11 @@ def test_int8_on_a_model_without_linear_layers_is_refused(tmp_path):
     from tests.big_models import save_family
 
     folder = save_family("gpt2", tmp_path / "gpt2")
-    with pytest.raises(ap.InputError, match=r"quantized no layer of GPT2LMHeadModel.*Conv1D"):
+    with pytest.raises(ap.InputError, match=r"quantized no layer of GPT2LMHeadModel.*Conv1D"
+                       ) as found:
         ap.load_model(str(folder), quantization="int8")
+    # the LM head is an nn.Linear that transformers never quantizes: not named as a weight kind
+    assert "Linear)" not in str(found.value) and "Linear," not in str(found.value)
 
 
 def test_a_model_wholly_on_disk_runs_like_the_plain_one(llama, tmp_path):
@@ -214,3 +271,30 @@ def test_a_model_wholly_on_disk_runs_like_the_plain_one(llama, tmp_path):
     texts = ["the cat sat on the mat"]
     a, b = ap.extract(*plain, texts)[0], ap.extract(*disk, texts)[0]
     assert torch.equal(a.pattern, b.pattern)
+
+
+def test_the_default_dtype_is_float32_whatever_the_checkpoint_holds(llama, tmp_path):
+    """load_model's contract: no dtype means float32 (transformers 5 would otherwise keep a
+    bf16 checkpoint in bf16). Upcasting bf16 to float32 is exact, so the values are the
+    checkpoint's own; and the one-layer cap is computed at the 32 bits the load will use."""
+    half, tokenizer = ap.load_model(str(llama), dtype="bf16")
+    half.save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    model, _ = ap.load_model(str(tmp_path / "bf16"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    saved = dict(half.named_parameters())
+    assert all(torch.equal(p, saved[name].float()) for name, p in model.named_parameters())
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "bf16")
+    layer = _llama_layer_parameters(config) * 4
+    with pytest.raises(InputError, match="at 32 bits"):
+        check_fits(config, LoadOptions(max_memory={"cpu": layer - 1}).checked())
+
+
+@pytest.mark.parametrize(("options", "keyword"), [
+    ({"dtype": "bf16", "torch_dtype": torch.float32}, "torch_dtype"),
+    ({"quantization": "int8", "quantization_config": None}, "quantization_config")])
+def test_an_option_given_twice_is_refused(llama, options, keyword):
+    """transformers would silently keep one of the two: refused before anything is read."""
+    with pytest.raises(InputError, match=keyword) as found:
+        ap.load_model(str(llama), **options)
+    assert "\n" not in str(found.value)
