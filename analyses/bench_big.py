@@ -70,8 +70,8 @@ from harness.big_llama import LlamaShape, PeakSampler, status_kib, write_random_
 from harness.runs import reset_peak_rss
 
 import attnprobe as ap
-from attnprobe.load_options import parse_size
 from attnprobe.core.residence import execution_device
+from attnprobe.load_options import parse_size
 
 CHILD_FLAG = "--_step-child"  # hidden: one step in a fresh process, prints JSON
 KIB_PER_MIB = 1024.0
