@@ -33,7 +33,7 @@ from attnprobe.core.registry import Registry
 from attnprobe.errors import InputError, MissingExtraError, OutputError
 
 __all__ = ["DEVICE_MAPS", "DTYPES", "QUANTIZATIONS", "LoadOptions", "LoadWarning", "Quantization",
-           "check_fits", "parse_max_memory", "parse_size", "size_text"]
+           "check_fits", "dtype_names", "parse_max_memory", "parse_size", "size_text"]
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -41,6 +41,19 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
 }
 """Names a dtype may be given by (``--dtype bf16``)."""
+
+def dtype_names() -> list[str]:
+    """The first name of each dtype of :data:`DTYPES` (the other spellings are accepted too).
+
+    Example:
+        >>> dtype_names()
+        ['fp32', 'bf16', 'fp16']
+    """
+    first: dict[torch.dtype, str] = {}
+    for name, dtype in DTYPES.items():
+        first.setdefault(dtype, name)
+    return list(first.values())
+
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's placement strategies; a device map may also be a JSON file or a dict."""

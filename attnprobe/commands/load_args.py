@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import InputError
-from attnprobe.load_options import DEVICE_MAPS, DTYPES, QUANTIZATIONS, parse_max_memory
+from attnprobe.load_options import (
+    DEVICE_MAPS,
+    DTYPES,
+    QUANTIZATIONS,
+    dtype_names,
+    parse_max_memory,
+)
 
 __all__ = ["LOAD_OPTIONS", "load_args", "load_options_of", "model_args"]
 
@@ -24,15 +30,6 @@ MODEL_HELP = ("minilm (default), ref:<name>, a local HF model directory or a hub
               "HuggingFace cache")
 LOAD_OPTIONS = ("dtype", "device", "device_map", "max_memory", "offload_folder", "quantization")
 """The ``load_model`` keywords the options fill in (argparse ``dest`` names)."""
-
-
-def _dtype_names() -> list[str]:
-    """The first name of each dtype in :data:`DTYPES` (``fp32``, ``bf16``, ``fp16``); the
-    other spellings are accepted too."""
-    first: dict[Any, str] = {}
-    for name, dtype in DTYPES.items():
-        first.setdefault(dtype, name)
-    return list(first.values())
 
 
 def _max_memory(text: str) -> str:
@@ -53,7 +50,7 @@ def model_args(parser: argparse.ArgumentParser, model_help: str = MODEL_HELP) ->
 def load_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype`` ... ``--quantization``: where and how ``--model`` is loaded."""
     group = parser.add_argument_group("loading (big models)")
-    group.add_argument("--dtype", choices=list(DTYPES), metavar="|".join(_dtype_names()),
+    group.add_argument("--dtype", choices=list(DTYPES), metavar="|".join(dtype_names()),
                        help="precision of the weights (default fp32; fp16 is slow on CPUs)")
     group.add_argument("--device", metavar="cpu|cuda|cuda:1|mps",
                        help="put the whole model on this device")

@@ -185,8 +185,14 @@ def is_quantized(tensor: torch.Tensor) -> bool:
         >>> is_quantized(model.pooler.dense.weight)
         False
     """
-    if type(tensor).__name__ in ("Int8Params", "Params4bit"):
-        return True
+    return type(tensor).__name__ in _BNB_WEIGHTS or _dequantizes(tensor)
+
+
+_BNB_WEIGHTS = ("Int8Params", "Params4bit")
+
+
+def _dequantizes(tensor: torch.Tensor) -> bool:
+    """A tensor subclass with its own ``dequantize()`` (optimum-quanto, torchao)."""
     return type(tensor) not in (torch.Tensor, nn.Parameter) and hasattr(tensor, "dequantize")
 
 
@@ -227,9 +233,7 @@ def detached_copy(module: nn.Module) -> nn.Module:
 def _tensor_subclass(tensor: torch.Tensor, module: nn.Module | None) -> torch.Tensor | None:
     """optimum-quanto's ``QTensor`` and torchao's quantized tensors: their own
     ``dequantize()``."""
-    if type(tensor) in (torch.Tensor, nn.Parameter) or not hasattr(tensor, "dequantize"):
-        return None
-    return tensor.dequantize()
+    return tensor.dequantize() if _dequantizes(tensor) else None
 
 
 @DEQUANTIZERS.register("bitsandbytes")
